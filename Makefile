@@ -1,0 +1,38 @@
+# The README's commands. Everything they need, they install.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+.PHONY: run test test-postgres bench lint format sysdeps sysdeps-test screenshots clean
+
+$(BIN)/.installed: requirements.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
+	  echo "python3 -m venv failed: on Debian, apt-get install python3-venv"; exit 1; }
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.txt
+	@touch $@
+
+sysdeps:
+	@scripts/system-packages
+
+sysdeps-test:
+	@scripts/system-packages --with-browser
+
+run: $(BIN)/.installed sysdeps
+	$(BIN)/python scripts/stack.py
+
+test: $(BIN)/.installed sysdeps-test
+	$(BIN)/python -m pytest
+
+bench: $(BIN)/.installed sysdeps-test
+	@for b in bench/*.py; do echo "## $$b"; $(BIN)/python $$b || exit 1; done
+
+lint: $(BIN)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(BIN)/.installed
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf var .pytest_cache

@@ -1,0 +1,237 @@
+"""The wire format between agents and the control plane, defined once.
+
+Both sides import these types: the agent encodes them, the control plane decodes
+requests with them, so a field cannot mean one thing on one side and another on
+the other. Every bound below is part of the contract: the control plane rejects
+a body that breaks one with a 4xx naming the field, and an agent never builds
+such a body. Unknown fields are ignored on decoding so that a newer agent still
+talks to an older control plane.
+
+This module imports nothing but msgspec: the agent must not pull in Django.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+# Bounds. Generous for real machines, small enough that one body cannot make
+# the control plane allocate without limit.
+MAX_BODY_BYTES = 512 * 1024
+MAX_ID = 128
+MAX_TEXT = 256
+MAX_DETAIL = 1024
+MAX_GPUS = 64
+MAX_FILESYSTEMS = 64
+MAX_WEIGHTS = 1024
+MAX_SHARDS = 64
+MAX_LABELS = 64
+MAX_FABRICS = 16
+MAX_HCAS = 32
+MAX_ENGINES = 32
+MAX_ARGS = 128
+# 2**53: above this a float no longer holds every integer, and no real byte
+# count or counter comes close.
+MAX_COUNT = 2**53
+
+NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+Detail = Annotated[str, msgspec.Meta(max_length=MAX_DETAIL)]
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
+Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
+Timestamp = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")]
+Labels = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=MAX_LABELS)]
+
+
+class Struct(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
+    """Base for every message: unknown fields are ignored, defaults not sent."""
+
+
+class Host(Struct):
+    """The operating system and processor, as the agent reads them."""
+
+    os: Text = ""
+    os_version: Text = ""
+    kernel: Text = ""
+    arch: Text = ""
+    cpu_model: Text = ""
+    cpus: Count = 0
+
+
+class GPU(Struct):
+    """One accelerator. `health` is "ok", or why it must not be used."""
+
+    index: Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS - 1)]
+    uuid: Text = ""
+    name: Text = ""
+    memory_bytes: Bytes = 0
+    ecc_errors: Count = 0
+    health: Detail = "ok"
+
+
+class Filesystem(Struct):
+    """A filesystem holding model directories, reported once per filesystem."""
+
+    mount: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_DETAIL)]
+    fstype: Text = ""
+    total_bytes: Bytes = 0
+    free_bytes: Bytes = 0
+    shared: bool = False
+
+
+class Weights(Struct):
+    """Model files the node can see: a model directory or a single GGUF file."""
+
+    path: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_DETAIL)]
+    size_bytes: Bytes = 0
+    format: Literal["safetensors", "bin", "gguf", "other"] = "other"
+
+
+class Fabric(Struct):
+    """The node's attachment to one operator-named fabric."""
+
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT)]
+    hcas: Annotated[list[Text], msgspec.Meta(max_length=MAX_HCAS)] = []
+    rate_gbps: Count = 0
+
+
+class EngineInstall(Struct):
+    """Where installing one engine stands on the node."""
+
+    engine: Text
+    version: Text = ""
+    variant: Text = ""
+    state: Literal["installing", "ready", "failed", "unsupported"] = "ready"
+    detail: Detail = ""
+
+
+class Inventory(Struct):
+    """Everything the node is. Sent only when it changed or when asked for."""
+
+    hostname: Text = ""
+    mgmt_addr: Text = ""
+    labels: Labels = {}
+    memory_total_bytes: Bytes = 0
+    host: Host = msgspec.field(default_factory=Host)
+    agent_version: Text = ""
+    engine_versions: Annotated[dict[Text, Text], msgspec.Meta(max_length=MAX_ENGINES)] = {}
+    engines_probed: bool = False
+    provision: Annotated[list[EngineInstall], msgspec.Meta(max_length=MAX_ENGINES)] = []
+    gpus: Annotated[list[GPU], msgspec.Meta(max_length=MAX_GPUS)] = []
+    filesystems: Annotated[list[Filesystem], msgspec.Meta(max_length=MAX_FILESYSTEMS)] = []
+    weights: Annotated[list[Weights], msgspec.Meta(max_length=MAX_WEIGHTS)] = []
+    # False: no model directory was configured, so the node never looked and an
+    # empty list says nothing; True with an empty list: it looked and has none.
+    weights_scanned: bool = False
+    fabrics: Annotated[list[Fabric], msgspec.Meta(max_length=MAX_FABRICS)] = []
+
+
+class ShardLoad(Struct):
+    """One engine's use of the node: cores busy and resident memory."""
+
+    shard: NodeId
+    cpu_cores: Fraction = 0.0
+    rss_bytes: Bytes = 0
+
+
+class Load(Struct):
+    """How busy the node was over the interval before this heartbeat."""
+
+    cpu_percent: Percent
+    cpus: Count
+    load1: Fraction = 0.0
+    load5: Fraction = 0.0
+    load15: Fraction = 0.0
+    memory_used_bytes: Bytes = 0
+    memory_available_bytes: Bytes = 0
+    interval_seconds: Fraction = 0.0
+    shards: Annotated[list[ShardLoad], msgspec.Meta(max_length=MAX_SHARDS)] = []
+
+
+ShardState = Literal["starting", "running", "exited", "restarting", "stopped", "failed"]
+
+
+class ShardStatus(Struct):
+    """What the agent's runner knows of one shard it runs."""
+
+    shard: NodeId
+    state: ShardState
+    pid: Count = 0
+    exit_code: Annotated[int, msgspec.Meta(ge=-255, le=255)] | None = None
+    metrics_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    restarts: Count = 0
+    detail: Detail = ""
+
+
+class Heartbeat(Struct):
+    """POST /api/v1/heartbeat. The node is named by the token, never the body."""
+
+    inventory_hash: Text = ""
+    inventory: Inventory | None = None
+    load: Load | None = None
+    shards: Annotated[list[ShardStatus], msgspec.Meta(max_length=MAX_SHARDS)] = []
+    # The agent's own clock, for the operator's curiosity only: every age is
+    # measured on the control plane's clock.
+    sent_at: Timestamp = 0.0
+
+
+class Register(Struct):
+    """POST /api/v1/register, with the join token as the bearer."""
+
+    node_id: NodeId
+    inventory: Inventory = msgspec.field(default_factory=Inventory)
+    inventory_hash: Text = ""
+
+
+class Registered(Struct, omit_defaults=False):
+    """The answer to a registration: the node token, shown this once."""
+
+    node_id: str
+    token: str
+    heartbeat_interval: float
+
+
+class ShardSpec(Struct, omit_defaults=False):
+    """A shard the control plane wants this node to run."""
+
+    shard: str
+    replica: str
+    model: str
+    engine: str
+    command: list[str]
+    env: dict[str, str] = {}
+    port: int = 0
+
+
+class HeartbeatReply(Struct, omit_defaults=False):
+    """The answer to a heartbeat."""
+
+    state: str
+    heartbeat_interval: float
+    inventory_wanted: bool
+    shards: list[ShardSpec] | None = None
+
+
+class Rejection(Struct, omit_defaults=False):
+    """Every 4xx from the agent API: which field, and why."""
+
+    field: str
+    reason: str
+
+
+encoder = msgspec.json.Encoder()
+
+
+def encode(message: Struct) -> bytes:
+    return encoder.encode(message)
+
+
+def decode(body: bytes, kind: type[Struct]):
+    """Decode and validate; raises msgspec.ValidationError or DecodeError."""
+    return msgspec.json.decode(body, type=kind)

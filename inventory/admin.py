@@ -1,0 +1,380 @@
+"""The operators' admin: nodes with their state, and cordon, drain and uncordon.
+
+What an agent reports is read-only here (the agent owns it and would overwrite
+it); operators edit their own labels and notes, and change admin state only
+through the actions, which ask for a reason and record it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import Count, Q
+from django.template.response import TemplateResponse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from inventory.models import (
+    GPU,
+    STATE_COLOURS,
+    AdminState,
+    Allocation,
+    EngineInstall,
+    FabricAttachment,
+    Filesystem,
+    Liveness,
+    Node,
+    NodeEvent,
+    NodeState,
+    Weights,
+)
+from inventory.operator import ACTIONS, set_admin_state
+from nodes import loadstore
+
+log = logging.getLogger(__name__)
+
+# The displayed state as a database filter, mirroring derive_state.
+STATE_FILTERS = {
+    NodeState.LOST: Q(liveness=Liveness.LOST),
+    NodeState.UNREACHABLE: Q(liveness=Liveness.UNREACHABLE),
+    NodeState.DRAINING: Q(liveness=Liveness.ALIVE, admin_state=AdminState.DRAINING),
+    NodeState.CORDONED: Q(liveness=Liveness.ALIVE, admin_state=AdminState.CORDONED),
+    NodeState.READY: Q(liveness=Liveness.ALIVE, admin_state=AdminState.ACTIVE),
+}
+
+
+def state_badge(state: NodeState):
+    return format_html('<span class="llmgw-badge llmgw-{}">{}</span>', STATE_COLOURS[state], state.label)
+
+
+class StateFilter(admin.SimpleListFilter):
+    title = "state"
+    parameter_name = "state"
+
+    def lookups(self, request, model_admin):
+        return NodeState.choices
+
+    def queryset(self, request, queryset):
+        if self.value() in STATE_FILTERS:
+            return queryset.filter(STATE_FILTERS[self.value()])
+        return queryset
+
+
+class LabelFilter(admin.SimpleListFilter):
+    title = "label"
+    parameter_name = "label"
+
+    def lookups(self, request, model_admin):
+        pairs = set()
+        for labels, operator_labels in Node.objects.values_list("labels", "operator_labels"):
+            pairs.update(f"{k}={v}" for k, v in {**labels, **operator_labels}.items())
+        return [(pair, pair) for pair in sorted(pairs)[:200]]
+
+    def queryset(self, request, queryset):
+        if not self.value() or "=" not in self.value():
+            return queryset
+        label_key, value = self.value().split("=", 1)
+        from_operator = Q(**{f"operator_labels__{label_key}": value})
+        from_agent = Q(**{f"labels__{label_key}": value}) & ~Q(operator_labels__has_key=label_key)
+        return queryset.filter(from_operator | from_agent)
+
+
+class GPUClassFilter(admin.SimpleListFilter):
+    title = "GPU class"
+    parameter_name = "gpu_class"
+
+    def lookups(self, request, model_admin):
+        classes = GPU.objects.values_list("gpu_class", flat=True).distinct().order_by("gpu_class")
+        return [(c, c) for c in classes]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(gpus__gpu_class=self.value()).distinct()
+        return queryset
+
+
+class FabricFilter(admin.SimpleListFilter):
+    title = "fabric"
+    parameter_name = "fabric"
+
+    def lookups(self, request, model_admin):
+        names = FabricAttachment.objects.values_list("fabric", flat=True).distinct().order_by("fabric")
+        return [(n, n) for n in names]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(fabrics__fabric=self.value()).distinct()
+        return queryset
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+class GPUInline(ReadOnlyInline):
+    model = GPU
+    fields = ("index", "name", "gpu_class", "memory_bytes", "ecc_errors", "health", "uuid")
+    readonly_fields = fields
+
+
+class FilesystemInline(ReadOnlyInline):
+    model = Filesystem
+    fields = ("mount", "fstype", "free_bytes", "total_bytes", "shared")
+    readonly_fields = fields
+
+
+class FabricInline(ReadOnlyInline):
+    model = FabricAttachment
+    fields = ("fabric", "hcas", "rate_gbps")
+    readonly_fields = fields
+
+
+class WeightsInline(ReadOnlyInline):
+    model = Weights
+    fields = ("path", "format", "size_bytes")
+    readonly_fields = fields
+
+
+class EngineInstallInline(ReadOnlyInline):
+    model = EngineInstall
+    fields = ("engine", "version", "variant", "state", "detail")
+    readonly_fields = fields
+
+
+class AllocationInline(ReadOnlyInline):
+    model = Allocation
+    fields = ("shard_id", "replica_id", "gpus", "memory_gb", "created_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("gpu_claims")
+
+    @admin.display(description="GPUs")
+    def gpus(self, allocation):
+        return ", ".join(str(i) for i in allocation.gpu_indices) or "—"
+
+
+class NodeEventInline(ReadOnlyInline):
+    model = NodeEvent
+    fields = ("at", "kind", "from_state", "to_state", "reason", "actor")
+    readonly_fields = fields
+    verbose_name_plural = "history"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).order_by("-at", "-id")
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), max_length=2000)
+
+
+AGENT_FIELDS = (
+    "id",
+    "hostname",
+    "mgmt_addr",
+    "labels",
+    "memory_total_bytes",
+    "os",
+    "os_version",
+    "kernel",
+    "arch",
+    "cpu_model",
+    "cpus",
+    "agent_version",
+    "engine_versions",
+    "engines_probed",
+    "weights_scanned",
+    "inventory_hash",
+    "liveness",
+    "last_heartbeat",
+    "registered_at",
+    "admin_state",
+    "admin_state_by",
+    "admin_state_at",
+    "admin_state_reason",
+)
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ("id", "state_display", "hostname", "gpus_display", "cpu_display", "ram_display", "heartbeat_age")
+    list_filter = (StateFilter, LabelFilter, FabricFilter, GPUClassFilter)
+    search_fields = ("id", "hostname")
+    actions = ("cordon", "drain", "uncordon")
+    readonly_fields = AGENT_FIELDS
+    fieldsets = (
+        (
+            "Operator",
+            {
+                "fields": (
+                    "admin_state",
+                    "admin_state_by",
+                    "admin_state_at",
+                    "admin_state_reason",
+                    "operator_labels",
+                    "notes",
+                )
+            },
+        ),
+        ("Liveness", {"fields": ("liveness", "last_heartbeat", "registered_at")}),
+        ("Reported by the agent", {"fields": AGENT_FIELDS[:16]}),
+    )
+    inlines = (
+        AllocationInline,
+        GPUInline,
+        FilesystemInline,
+        FabricInline,
+        WeightsInline,
+        EngineInstallInline,
+        NodeEventInline,
+    )
+    list_per_page = 100
+
+    def has_add_permission(self, request):
+        # Nodes join by registering with a join token, never by hand.
+        return False
+
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                gpu_total=Count("gpus", distinct=True),
+                gpu_healthy=Count("gpus", filter=Q(gpus__health="ok"), distinct=True),
+                gpu_claimed=Count("gpu_claims", distinct=True),
+            )
+        )
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        # One Redis round trip for the page; a dead Redis costs the load columns only.
+        try:
+            loads = loadstore.fetch([node.pk for node in changelist.result_list])
+        except redis.RedisError as exc:
+            log.warning("admin node list without loads: %s", exc)
+            loads = {}
+        for node in changelist.result_list:
+            node.current_load = loads.get(node.pk)
+        return changelist
+
+    @admin.display(description="state")
+    def state_display(self, node):
+        return state_badge(node.state)
+
+    @admin.display(description="GPUs free/total")
+    def gpus_display(self, node):
+        total = getattr(node, "gpu_total", None)
+        if total is None:
+            return "—"
+        # Claimed GPUs are healthy ones in use; an unhealthy GPU is never free.
+        free = max(node.gpu_healthy - node.gpu_claimed, 0)
+        return f"{free}/{total}"
+
+    @admin.display(description="CPU")
+    def cpu_display(self, node):
+        load = getattr(node, "current_load", None)
+        if load is None:
+            return "—"
+        return f"{load.load.cpu_percent:.0f}% of {load.load.cpus}"
+
+    @admin.display(description="RAM used")
+    def ram_display(self, node):
+        load = getattr(node, "current_load", None)
+        if load is None:
+            return "—"
+        used = load.load.memory_used_bytes
+        total = used + load.load.memory_available_bytes
+        return f"{used / 2**30:.1f} / {total / 2**30:.1f} GiB"
+
+    @admin.display(description="last heartbeat", ordering="last_heartbeat")
+    def heartbeat_age(self, node):
+        if node.last_heartbeat is None:
+            return "never"
+        seconds = int((timezone.now() - node.last_heartbeat).total_seconds())
+        return f"{seconds} s ago"
+
+    def _apply(self, request, queryset, action: str):
+        new_state = ACTIONS[action]
+        if "apply" in request.POST:
+            form = ReasonForm(request.POST)
+            if form.is_valid():
+                changed = sum(
+                    set_admin_state(node, new_state, request.user, form.cleaned_data["reason"]) for node in queryset
+                )
+                self.message_user(request, f"{action}: {changed} node(s) changed.", messages.SUCCESS)
+                return None
+        else:
+            form = ReasonForm()
+        return TemplateResponse(
+            request,
+            "admin/inventory/node_action.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": f"{action.capitalize()} nodes",
+                "action": action,
+                "nodes": queryset,
+                "form": form,
+                "opts": self.model._meta,
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            },
+        )
+
+    @admin.action(description="Cordon: no new placement", permissions=["change"])
+    def cordon(self, request, queryset):
+        return self._apply(request, queryset, "cordon")
+
+    @admin.action(description="Drain: move replicas off, then cordon", permissions=["change"])
+    def drain(self, request, queryset):
+        return self._apply(request, queryset, "drain")
+
+    @admin.action(description="Uncordon: accept placement again", permissions=["change"])
+    def uncordon(self, request, queryset):
+        return self._apply(request, queryset, "uncordon")
+
+
+@admin.register(NodeEvent)
+class NodeEventAdmin(admin.ModelAdmin):
+    list_display = ("at", "node", "kind", "from_state", "to_state", "reason", "actor")
+    list_filter = ("kind",)
+    search_fields = ("node__id", "reason", "actor")
+    list_select_related = ("node",)
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Allocation)
+class AllocationAdmin(admin.ModelAdmin):
+    list_display = ("shard_id", "replica_id", "node", "gpus", "memory_gb", "created_at")
+    search_fields = ("shard_id", "replica_id", "node__id")
+    list_select_related = ("node",)
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("gpu_claims")
+
+    @admin.display(description="GPUs")
+    def gpus(self, allocation):
+        return ", ".join(str(i) for i in allocation.gpu_indices) or "—"
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False

@@ -1,0 +1,27 @@
+"""The inventory: nodes, their hardware, and what is placed on them."""
+
+from inventory.models.allocations import Allocation, GPUClaim
+from inventory.models.choices import STATE_COLOURS, AdminState, Liveness, NodeState, derive_state
+from inventory.models.fabrics import FabricAttachment
+from inventory.models.gpus import GPU, gpu_class
+from inventory.models.nodes import EngineInstall, Node, NodeEvent, actor_name
+from inventory.models.storage import Filesystem, Weights
+
+__all__ = [
+    "GPU",
+    "STATE_COLOURS",
+    "AdminState",
+    "Allocation",
+    "EngineInstall",
+    "FabricAttachment",
+    "Filesystem",
+    "GPUClaim",
+    "Liveness",
+    "Node",
+    "NodeEvent",
+    "NodeState",
+    "Weights",
+    "actor_name",
+    "derive_state",
+    "gpu_class",
+]

@@ -1,0 +1,65 @@
+"""GPUs: the accelerators a node reports, and the class placement asks for."""
+
+from __future__ import annotations
+
+import re
+
+from django.db import models
+
+from inventory.models.nodes import Node
+
+_VENDOR_WORDS = re.compile(r"\b(NVIDIA|Tesla|GeForce|Quadro|AMD|Instinct|Radeon)\b", re.IGNORECASE)
+_MODEL = re.compile(r"\b(RTX\s?)?([A-Z]{1,3}\d{1,4}[A-Z]{0,2})\b", re.IGNORECASE)
+_MEMORY_IN_NAME = re.compile(r"(\d{1,3})\s?GB\b", re.IGNORECASE)
+
+HEALTH_OK = "ok"
+
+
+def gpu_class(name: str, memory_bytes: int = 0) -> str:
+    """A short class such as `H100-80GB`, from the product name and memory.
+
+    Placement matches on this, so two cards that differ only in packaging
+    (SXM or PCIe, HBM2e or HBM3) share a class, while the 40 and 80 GB A100s
+    do not: a model that fits one does not fit the other.
+    """
+    stripped = _VENDOR_WORDS.sub(" ", name)
+    match = _MODEL.search(stripped)
+    model = (
+        ((match.group(1) or "") + match.group(2)).replace(" ", "").upper() if match else stripped.strip() or "unknown"
+    )
+    memory = _MEMORY_IN_NAME.search(stripped)
+    if memory:
+        gigabytes = int(memory.group(1))
+    elif memory_bytes:
+        gigabytes = round(memory_bytes / 2**30)
+    else:
+        return model
+    return f"{model}-{gigabytes}GB"
+
+
+class GPU(models.Model):
+    """One accelerator. `health` is "ok", or the reason it must not be used."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    uuid = models.CharField(max_length=256, blank=True)
+    name = models.CharField(max_length=256, blank=True)
+    gpu_class = models.CharField("class", max_length=64, db_index=True)
+    memory_bytes = models.BigIntegerField(default=0)
+    ecc_errors = models.PositiveIntegerField(default=0)
+    health = models.CharField(max_length=1024, default=HEALTH_OK)
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="unique_gpu_index_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node_id}/gpu{self.index} {self.gpu_class}"
+
+    def save(self, *args, **kwargs):
+        self.gpu_class = gpu_class(self.name, self.memory_bytes)
+        super().save(*args, **kwargs)
+
+    @property
+    def healthy(self) -> bool:
+        return self.health == HEALTH_OK

@@ -1,0 +1,148 @@
+"""Recording what an agent says its node is, without undoing an operator's decisions."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from agent import protocol
+from inventory.models import (
+    GPU,
+    EngineInstall,
+    FabricAttachment,
+    Filesystem,
+    Node,
+    NodeEvent,
+    Weights,
+    gpu_class,
+)
+
+# The fields an agent owns on the node row. Operator fields (labels set in the
+# admin are merged below, notes, admin state) are never in this list.
+_AGENT_FIELDS = (
+    "hostname",
+    "mgmt_addr",
+    "memory_total_bytes",
+    "os",
+    "os_version",
+    "kernel",
+    "arch",
+    "cpu_model",
+    "cpus",
+    "agent_version",
+    "engine_versions",
+    "engines_probed",
+    "weights_scanned",
+    "inventory_hash",
+    "labels",
+)
+
+
+def upsert_inventory(
+    node_id: str,
+    inventory: protocol.Inventory,
+    inventory_hash: str = "",
+    now: datetime | None = None,
+) -> tuple[Node, bool]:
+    """Create or update a node from its agent's report, in one transaction.
+
+    The node's hardware rows are replaced whole; its admin state, notes and
+    liveness are left alone, so an agent re-registering never clears a cordon
+    or a drain. Returns the node and whether it was created.
+    """
+    now = now or timezone.now()
+    host = inventory.host
+    values = {
+        "hostname": inventory.hostname,
+        "mgmt_addr": inventory.mgmt_addr,
+        "memory_total_bytes": inventory.memory_total_bytes or None,
+        "os": host.os,
+        "os_version": host.os_version,
+        "kernel": host.kernel,
+        "arch": host.arch,
+        "cpu_model": host.cpu_model,
+        "cpus": host.cpus,
+        "agent_version": inventory.agent_version,
+        "engine_versions": dict(inventory.engine_versions),
+        "engines_probed": inventory.engines_probed,
+        "weights_scanned": inventory.weights_scanned,
+        "inventory_hash": inventory_hash,
+        "labels": dict(inventory.labels),
+    }
+    with transaction.atomic():
+        node = Node.objects.select_for_update().filter(pk=node_id).first()
+        created = node is None
+        if created:
+            node = Node(id=node_id, registered_at=now, last_heartbeat=now, **values)
+            node.save(force_insert=True)
+        else:
+            for field in _AGENT_FIELDS:
+                setattr(node, field, values[field])
+            node.save(update_fields=list(_AGENT_FIELDS))
+        _replace_hardware(node, inventory)
+    return node, created
+
+
+def _replace_hardware(node: Node, inventory: protocol.Inventory) -> None:
+    for model in (GPU, Filesystem, Weights, FabricAttachment, EngineInstall):
+        model.objects.filter(node=node).delete()
+    GPU.objects.bulk_create(
+        GPU(
+            node=node,
+            index=gpu.index,
+            uuid=gpu.uuid,
+            name=gpu.name,
+            gpu_class=gpu_class(gpu.name, gpu.memory_bytes),
+            memory_bytes=gpu.memory_bytes,
+            ecc_errors=gpu.ecc_errors,
+            health=gpu.health,
+        )
+        for gpu in _unique_by(inventory.gpus, lambda gpu: gpu.index)
+    )
+    Filesystem.objects.bulk_create(
+        Filesystem(
+            node=node,
+            mount=fs.mount,
+            fstype=fs.fstype,
+            total_bytes=fs.total_bytes,
+            free_bytes=fs.free_bytes,
+            shared=fs.shared,
+        )
+        for fs in _unique_by(inventory.filesystems, lambda fs: fs.mount)
+    )
+    Weights.objects.bulk_create(
+        Weights(node=node, path=w.path, size_bytes=w.size_bytes, format=w.format)
+        for w in _unique_by(inventory.weights, lambda w: w.path)
+    )
+    FabricAttachment.objects.bulk_create(
+        FabricAttachment(node=node, fabric=f.name, hcas=list(f.hcas), rate_gbps=f.rate_gbps)
+        for f in _unique_by(inventory.fabrics, lambda f: f.name)
+    )
+    EngineInstall.objects.bulk_create(
+        EngineInstall(
+            node=node,
+            engine=p.engine,
+            version=p.version,
+            variant=p.variant,
+            state=p.state,
+            detail=p.detail,
+        )
+        for p in inventory.provision
+    )
+
+
+def _unique_by(items, key):
+    """Keep the last of items sharing a key: the database allows one of each."""
+    return list({key(item): item for item in items}.values())
+
+
+def record_registration(node: Node, created: bool, actor: str = "agent") -> None:
+    NodeEvent.objects.create(
+        node=node,
+        kind=NodeEvent.Kind.REGISTRATION,
+        to_state=node.state,
+        reason="registered" if created else "re-registered; token rotated",
+        actor=actor,
+    )

@@ -1,0 +1,40 @@
+"""Health endpoints: /healthz says the process is up, /readyz that it can serve."""
+
+import redis
+from django.conf import settings
+from django.db import connection
+from django.http import JsonResponse
+from django.views.decorators.http import require_GET
+
+
+@require_GET
+def healthz(request):
+    return JsonResponse({"status": "ok"})
+
+
+def _check_database() -> str | None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    except Exception as exc:
+        return f"database unreachable: {exc.__class__.__name__}"
+    return None
+
+
+def _check_redis() -> str | None:
+    try:
+        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
+    except Exception as exc:
+        return f"redis unreachable: {exc.__class__.__name__}"
+    return None
+
+
+@require_GET
+def readyz(request):
+    problems = {
+        name: problem
+        for name, check in (("database", _check_database), ("redis", _check_redis))
+        if (problem := check())
+    }
+    status = 503 if problems else 200
+    return JsonResponse({"status": "ready" if not problems else "not ready", "problems": problems}, status=status)

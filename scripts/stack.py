@@ -1,0 +1,291 @@
+"""Start the whole llmgw stack on this machine, and stop it on Ctrl-C.
+
+`make run` calls this. Each part is a named process with its log under
+var/log/, so tests, benchmarks and the soak can start, kill and restart parts
+one by one through the same `Stack`.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlparse
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.services import port_open, wait_until  # noqa: E402
+
+PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
+BIN = Path(PYTHON).parent
+
+
+@dataclass
+class Part:
+    name: str
+    command: list[str]
+    ready: Callable[[], bool] | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    process: subprocess.Popen | None = None
+
+
+class Stack:
+    """The stack's processes, started in order and stopped in reverse."""
+
+    def __init__(
+        self,
+        var_dir: Path,
+        env: dict[str, str] | None = None,
+        web_port: int = 8000,
+        prometheus_port: int = 9090,
+        workers: int = 3,
+    ):
+        self.var = var_dir
+        self.logs = var_dir / "log"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.env.setdefault("LLMGW_VAR_DIR", str(var_dir))
+        self.env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+        self.web_port = web_port
+        self.prometheus_port = prometheus_port
+        self.env.setdefault("PROMETHEUS_URL", f"http://127.0.0.1:{prometheus_port}")
+        self.workers = workers
+        if not self.env.get("LLMGW_JOIN_TOKEN") and not self.env.get("LLMGW_JOIN_TOKEN_FILE"):
+            token_file = var_dir / "join-token"
+            if not token_file.exists():
+                token_file.write_text(secrets.token_urlsafe(32))
+                token_file.chmod(0o600)
+            self.env["LLMGW_JOIN_TOKEN_FILE"] = str(token_file)
+        self.parts: dict[str, Part] = {}
+
+    # -- the parts -------------------------------------------------------------------------------
+
+    def redis_part(self) -> Part | None:
+        """A redis-server of our own, unless one already answers at REDIS_URL."""
+        url = urlparse(self.env["REDIS_URL"])
+        port = url.port or 6379
+        if redis_answers(self.env["REDIS_URL"]):
+            return None
+        data = self.var / "redis"
+        data.mkdir(parents=True, exist_ok=True)
+        return Part(
+            "redis",
+            [
+                "redis-server",
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(data),
+                "--save",
+                "60 1",
+                "--appendonly",
+                "no",
+            ],
+            ready=lambda: port_open(port),
+        )
+
+    def web_part(self) -> Part:
+        return Part(
+            "web",
+            [
+                str(BIN / "gunicorn"),
+                "llmgw_site.wsgi",
+                "--workers",
+                str(self.workers),
+                "--bind",
+                f"127.0.0.1:{self.web_port}",
+                "--access-logfile",
+                "-",
+                "--graceful-timeout",
+                "5",
+            ],
+            ready=lambda: port_open(self.web_port),
+        )
+
+    def celery_part(self) -> Part:
+        # One worker with an embedded beat is right for one machine; production
+        # runs them apart, with exactly one beat (docs/operations.md).
+        return Part(
+            "celery",
+            [
+                str(BIN / "celery"),
+                "-A",
+                "llmgw_site",
+                "worker",
+                "-B",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
+                "--schedule",
+                str(self.var / "celerybeat-schedule"),
+            ],
+        )
+
+    def prometheus_part(self) -> Part | None:
+        binary = shutil.which("prometheus")
+        if binary is None:
+            return None
+        config = self.var / "prometheus.yml"
+        template = (ROOT / "deploy" / "prometheus.yml").read_text()
+        config.write_text(template.replace("127.0.0.1:8000", f"127.0.0.1:{self.web_port}"))
+        rules = ROOT / "deploy" / "rules"
+        if rules.exists():
+            shutil.copytree(rules, self.var / "rules", dirs_exist_ok=True)
+        return Part(
+            "prometheus",
+            [
+                binary,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.var / 'prometheus'}",
+                f"--web.listen-address=127.0.0.1:{self.prometheus_port}",
+                "--storage.tsdb.retention.time=2d",
+            ],
+            ready=lambda: port_open(self.prometheus_port),
+        )
+
+    def agent_part(self) -> Part | None:
+        config = self.var / "agent.yaml"
+        if not (ROOT / "agent" / "__main__.py").exists() or not config.exists():
+            return None
+        return Part("agent", [PYTHON, "-m", "agent", "--config", str(config)])
+
+    # -- running them ----------------------------------------------------------------------------
+
+    def manage(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [PYTHON, str(ROOT / "manage.py"), *args],
+            env=self.env,
+            cwd=ROOT,
+            check=True,
+            capture_output=capture,
+            text=True,
+        )
+
+    def start(self, part: Part | None, timeout: float = 60) -> None:
+        if part is None:
+            return
+        log = open(self.logs / f"{part.name}.log", "ab")  # noqa: SIM115 (the child keeps it)
+        part.process = subprocess.Popen(
+            part.command,
+            env={**self.env, **part.env},
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.parts[part.name] = part
+        if part.ready is not None:
+
+            def ready_or_dead() -> bool:
+                if part.process.poll() is not None:
+                    raise RuntimeError(f"{part.name} exited with {part.process.returncode}; see {log.name}")
+                return part.ready()
+
+            wait_until(ready_or_dead, timeout, f"{part.name} to be ready")
+
+    def stop(self, name: str, sig: int = signal.SIGTERM, timeout: float = 15) -> None:
+        part = self.parts.get(name)
+        if part is None or part.process is None or part.process.poll() is not None:
+            return
+        try:
+            os.killpg(part.process.pid, sig)
+            part.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(part.process.pid, signal.SIGKILL)
+            part.process.wait()
+        except ProcessLookupError:
+            pass
+
+    def stop_all(self) -> None:
+        for name in reversed(list(self.parts)):
+            self.stop(name)
+
+    def prepare(self) -> str | None:
+        """Migrate, collect static files, and create an admin user if there is none."""
+        self.manage("migrate", "--noinput", "-v0")
+        self.manage("collectstatic", "--noinput", "-v0")
+        password = secrets.token_urlsafe(12)
+        result = self.manage("ensure_admin", "--password", password, capture=True)
+        return password if "created" in result.stdout else None
+
+    def start_all(self) -> None:
+        self.start(self.redis_part())
+        self.start(self.web_part())
+        self.start(self.celery_part())
+        self.start(self.prometheus_part())
+        self.start(self.agent_part())
+
+
+def redis_answers(url: str) -> bool:
+    parsed = urlparse(url)
+    return port_open(parsed.port or 6379, parsed.hostname or "127.0.0.1")
+
+
+def main() -> int:
+    var = Path(os.environ.get("LLMGW_VAR_DIR", ROOT / "var"))
+    stack = Stack(var)
+    stopping = False
+
+    def on_signal(signum, frame):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        redis = stack.redis_part()
+        stack.start(redis)
+        password = stack.prepare()
+        stack.start(stack.web_part())
+        stack.start(stack.celery_part())
+        stack.start(stack.prometheus_part())
+        stack.manage("setup_demo", "--var-dir", str(var), capture=True)
+        stack.start(stack.agent_part())
+    except Exception as exc:
+        print(f"llmgw: could not start: {exc}", file=sys.stderr)
+        stack.stop_all()
+        return 1
+
+    base = f"http://127.0.0.1:{stack.web_port}"
+    print()
+    print("llmgw is running:")
+    print(f"  cluster page   {base}/")
+    print(f"  admin          {base}/admin/")
+    print(f"  fleet metrics  {base}/metrics")
+    if "prometheus" in stack.parts:
+        print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
+    print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))
+    print(f"  logs           {stack.logs}/")
+    if password:
+        print(f"  admin user     admin / {password}   (shown once; kept in {var / 'admin-password'})")
+    else:
+        print("  admin user     exists already (password in var/admin-password if make run created it)")
+    print("Ctrl-C stops everything.")
+    sys.stdout.flush()
+    while not stopping:
+        for part in stack.parts.values():
+            if part.process.poll() is not None:
+                print(
+                    f"llmgw: {part.name} exited with {part.process.returncode}; see {stack.logs / part.name}.log",
+                    file=sys.stderr,
+                )
+                stopping = True
+        time.sleep(0.5)
+    print("\nstopping…")
+    stack.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

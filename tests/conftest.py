@@ -1,0 +1,101 @@
+"""The fixed cast every test can use: users, a small cluster, and a real Redis."""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import pytest
+from django.conf import settings
+from django.utils import timezone
+
+from agent import protocol
+from inventory.models import AdminState, Liveness, Node
+from inventory.registration import upsert_inventory
+from nodes import loadstore
+from tests.services import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real Redis: the one at LLMGW_TEST_REDIS_URL, or one started for this run."""
+    given = os.environ.get("LLMGW_TEST_REDIS_URL")
+    if given:
+        yield given
+        return
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _redis_everywhere(redis_server):
+    """Point every part of the control plane at the test Redis, never the machine's own."""
+    url = redis_server if isinstance(redis_server, str) else redis_server.url
+    settings.REDIS_URL = url
+    settings.CELERY_BROKER_URL = url
+    loadstore.reset_client()
+    yield url
+
+
+@pytest.fixture
+def redis_client(_redis_everywhere):
+    client = loadstore.client()
+    client.flushdb()
+    yield client
+    client.flushdb()
+
+
+@pytest.fixture
+def operator(django_user_model):
+    return django_user_model.objects.create_user("operator", password="operator-pass", is_staff=True, is_superuser=True)
+
+
+@pytest.fixture
+def viewer(django_user_model):
+    return django_user_model.objects.create_user("viewer", password="viewer-pass")
+
+
+def make_inventory(
+    hostname: str, gpus: int = 0, gpu_name: str = "NVIDIA H100 80GB HBM3", **extra
+) -> protocol.Inventory:
+    return protocol.Inventory(
+        hostname=hostname,
+        memory_total_bytes=extra.pop("memory_total_bytes", 512 * 2**30),
+        host=protocol.Host(
+            os="Debian GNU/Linux",
+            os_version="12",
+            kernel="6.1.0",
+            arch="x86_64",
+            cpu_model="AMD EPYC 9654",
+            cpus=extra.pop("cpus", 192),
+        ),
+        agent_version="0.1.0",
+        gpus=[
+            protocol.GPU(index=i, uuid=f"GPU-{hostname}-{i}", name=gpu_name, memory_bytes=80 * 2**30)
+            for i in range(gpus)
+        ],
+        **extra,
+    )
+
+
+@pytest.fixture
+def cluster(db):
+    """Four nodes with GPUs, one in each interesting state."""
+    now = timezone.now()
+    nodes = {}
+    for name, admin_state, liveness in (
+        ("ready-1", AdminState.ACTIVE, Liveness.ALIVE),
+        ("cordoned-1", AdminState.CORDONED, Liveness.ALIVE),
+        ("unreachable-1", AdminState.ACTIVE, Liveness.UNREACHABLE),
+        ("lost-1", AdminState.ACTIVE, Liveness.LOST),
+    ):
+        node, _ = upsert_inventory(name, make_inventory(f"{name}.example", gpus=8), now=now)
+        Node.objects.filter(pk=name).update(
+            admin_state=admin_state,
+            liveness=liveness,
+            last_heartbeat=now - timedelta(seconds={"alive": 1, "unreachable": 60, "lost": 600}[liveness]),
+        )
+        node.refresh_from_db()
+        nodes[name] = node
+    return nodes
