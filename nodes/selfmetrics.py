@@ -1,0 +1,66 @@
+"""The control plane's own counters, shared by every web and Celery process.
+
+Kept in one Redis hash rather than in each process's memory: gunicorn runs
+several workers and Celery another, and a scrape reaches only one of them.
+Writers add their increments to a pipeline they already send (the heartbeat
+path costs no extra round trip); /metrics reads the hash in the same round
+trip as the loads.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import redis
+
+from nodes import loadstore
+
+log = logging.getLogger(__name__)
+
+HASH = "llmgw:selfmetrics"
+
+# Upper bounds (seconds) of the heartbeat handling-time histogram.
+HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+def heartbeat_fields(outcome: str, seconds: float) -> dict[str, float]:
+    """The increments one handled heartbeat makes: outcome is "accepted" or a rejection reason."""
+    fields: dict[str, float] = {f"heartbeats:{outcome}": 1, "heartbeat_seconds:count": 1,
+                                "heartbeat_seconds:sum": seconds}
+    for bound in HEARTBEAT_BUCKETS:
+        if seconds <= bound:
+            fields[f"heartbeat_seconds:le:{bound}"] = 1
+            break
+    else:
+        fields["heartbeat_seconds:le:+Inf"] = 1
+    return fields
+
+
+def add(pipe, fields: dict[str, float]) -> None:
+    """Queue increments on a pipeline (or client); integers stay integers."""
+    for name, value in fields.items():
+        if isinstance(value, int) and not name.endswith(":sum"):
+            pipe.hincrby(HASH, name, int(value))
+        else:
+            pipe.hincrbyfloat(HASH, name, value)
+
+
+def record(fields: dict[str, float]) -> None:
+    """Send increments on their own; losing them when Redis is down is acceptable."""
+    try:
+        pipe = loadstore.client().pipeline(transaction=False)
+        add(pipe, fields)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("self-metrics not recorded: %s", exc)
+
+
+def read(raw: dict[bytes, bytes]) -> dict[str, float]:
+    """Decode the hash as read by HGETALL."""
+    values = {}
+    for name, value in raw.items():
+        number = float(value)
+        if math.isfinite(number):
+            values[name.decode()] = number
+    return values
