@@ -9,10 +9,14 @@ from django.db import transaction
 from inventory.models import Allocation, FabricAttachment, GPUClaim, Node
 
 
-def allocate(node: Node, shard_id: str, replica_id: str, gpu_indices: Iterable[int], memory_gb: int = 0) -> Allocation:
+def allocate(
+    node: Node, shard_id: str, replica_id: str, gpu_indices: Iterable[int], memory_gb: int = 0, model: str = ""
+) -> Allocation:
     """Record a shard on a node. The database refuses a GPU already claimed there."""
     with transaction.atomic():
-        allocation = Allocation.objects.create(node=node, shard_id=shard_id, replica_id=replica_id, memory_gb=memory_gb)
+        allocation = Allocation.objects.create(
+            node=node, shard_id=shard_id, replica_id=replica_id, memory_gb=memory_gb, model=model
+        )
         GPUClaim.objects.bulk_create(
             GPUClaim(allocation=allocation, node=node, gpu_index=index) for index in sorted(set(gpu_indices))
         )

@@ -26,8 +26,11 @@ HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.
 
 def heartbeat_fields(outcome: str, seconds: float) -> dict[str, float]:
     """The increments one handled heartbeat makes: outcome is "accepted" or a rejection reason."""
-    fields: dict[str, float] = {f"heartbeats:{outcome}": 1, "heartbeat_seconds:count": 1,
-                                "heartbeat_seconds:sum": seconds}
+    fields: dict[str, float] = {
+        f"heartbeats:{outcome}": 1,
+        "heartbeat_seconds:count": 1,
+        "heartbeat_seconds:sum": seconds,
+    }
     for bound in HEARTBEAT_BUCKETS:
         if seconds <= bound:
             fields[f"heartbeat_seconds:le:{bound}"] = 1

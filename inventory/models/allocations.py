@@ -16,6 +16,9 @@ class Allocation(models.Model):
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="allocations")
     shard_id = models.CharField(max_length=128, unique=True)
     replica_id = models.CharField(max_length=128, db_index=True)
+    # The model the shard serves, kept here so that exports and pages can label
+    # a shard's figures without joining through deployments.
+    model = models.CharField(max_length=1024, blank=True)
     memory_gb = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
