@@ -3,10 +3,16 @@
 from celery import shared_task
 
 from inventory.liveness import mark_stale as sweep
+from nodes import selfmetrics
 
 
 @shared_task(name="inventory.tasks.mark_stale")
 def mark_stale() -> dict:
-    """Run by beat every few seconds; idempotent, so a late or doubled run is harmless."""
+    """Run by beat every few seconds; idempotent, so a late or doubled run is harmless.
+
+    It flushes the heartbeat times held in Redis before it sweeps, so no separate
+    flush task is scheduled.
+    """
     result = sweep()
-    return {"unreachable": result.unreachable, "lost": result.lost, "failed": result.failed}
+    selfmetrics.record({"stale_runs": 1})
+    return {"flushed": result.flushed, "unreachable": result.unreachable, "lost": result.lost, "failed": result.failed}

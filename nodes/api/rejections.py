@@ -1,0 +1,87 @@
+"""Refusing a request: one exception, one JSON shape, and reading a body within bounds.
+
+Every refusal of the agent API is a 4xx whose body is a `protocol.Rejection`
+naming the field (a JSON path like `$.load.cpu_percent`, or a header) and why.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+from django.http import HttpRequest, HttpResponse
+
+from agent import protocol
+
+
+class Rejected(Exception):
+    """A request refused; `outcome` is the short reason counted in the self-metrics."""
+
+    def __init__(self, status: int, field: str, reason: str, outcome: str):
+        super().__init__(f"{field}: {reason}")
+        self.status = status
+        self.field = field
+        self.reason = reason
+        self.outcome = outcome
+
+    def response(self) -> HttpResponse:
+        response = json_response(protocol.Rejection(field=self.field, reason=self.reason), status=self.status)
+        if self.status == 401:
+            response["WWW-Authenticate"] = "Bearer"
+        return response
+
+
+def json_response(message: protocol.Struct, status: int = 200) -> HttpResponse:
+    return HttpResponse(protocol.encode(message), status=status, content_type="application/json")
+
+
+def bearer_token(request: HttpRequest) -> str:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Rejected(401, "Authorization", "a bearer token is required", "unauthorized")
+    return token
+
+
+def read_json_body(request: HttpRequest) -> bytes:
+    """The body, refused before it is read if it is not JSON or is too large."""
+    if request.method != "POST":
+        raise Rejected(405, "method", "only POST is allowed", "bad_method")
+    content_type = request.content_type or ""
+    if content_type.lower() != "application/json":
+        raise Rejected(415, "Content-Type", "must be application/json", "not_json")
+    try:
+        declared = int(request.headers.get("Content-Length") or 0)
+    except ValueError:
+        raise Rejected(400, "Content-Length", "not a number", "invalid") from None
+    limit = protocol.MAX_BODY_BYTES
+    if declared > limit:
+        raise Rejected(413, "$", f"the body is larger than {limit} bytes", "too_large")
+    # Read one byte past the limit: a body without a truthful length is caught too.
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        raise Rejected(413, "$", f"the body is larger than {limit} bytes", "too_large")
+    return body
+
+
+def decode(body: bytes, kind: type[protocol.Struct]):
+    """Decode and validate a message, or refuse it naming the first field at fault."""
+    try:
+        return protocol.decode(body, kind)
+    except msgspec.ValidationError as exc:
+        raise Rejected(400, *_field_and_reason(str(exc)), "invalid") from None
+    except msgspec.DecodeError as exc:
+        raise Rejected(400, "$", str(exc), "not_json") from None
+    except RecursionError:
+        # msgspec skips an unknown field by recursing into it.
+        raise Rejected(400, "$", "nested too deeply", "invalid") from None
+
+
+def _field_and_reason(message: str) -> tuple[str, str]:
+    """Split msgspec's "Expected `int`, got `str` - at `$.load.cpus`" (or "- at `key` in `$.labels`")."""
+    reason, _, where = message.partition(" - at ")
+    paths = re.findall(r"`([^`]*)`", where)
+    field = next((path for path in paths if path.startswith("$")), "$")
+    if where.startswith("`key`"):
+        reason += " (in a key)"
+    return field, reason
