@@ -49,3 +49,15 @@ def a_load(cpu_percent: float = 12.5) -> protocol.Load:
         interval_seconds=5.0,
         shards=[protocol.ShardLoad(shard="shard-a", cpu_cores=1.5, rss_bytes=2**30)],
     )
+
+
+def database_snapshot() -> tuple:
+    """Everything a heartbeat could change in the database, to compare before and after."""
+    from inventory.models import GPU, EngineInstall, FabricAttachment, Filesystem, Node, NodeEvent, Weights
+
+    return (
+        list(Node.objects.order_by("pk").values()),
+        [list(model.objects.order_by("pk").values()) for model in (GPU, Filesystem, Weights, FabricAttachment)],
+        list(EngineInstall.objects.order_by("pk").values()),
+        list(NodeEvent.objects.order_by("pk").values()),
+    )

@@ -111,9 +111,7 @@ def test_the_admin_revokes_a_node_token(client, operator):
     token = register(client, "gpu-1")
     client.force_login(operator)
 
-    response = client.post(
-        "/admin/nodes/nodetoken/", {"action": "revoke", "_selected_action": ["gpu-1"]}, follow=True
-    )
+    response = client.post("/admin/nodes/nodetoken/", {"action": "revoke", "_selected_action": ["gpu-1"]}, follow=True)
 
     assert response.status_code == 200
     client.logout()

@@ -120,7 +120,8 @@ def heartbeat_reply(card: NodeCard, beat: protocol.Heartbeat) -> protocol.Heartb
     return protocol.HeartbeatReply(
         state=derive_state(card.admin_state, card.liveness),
         heartbeat_interval=settings.LLMGW_HEARTBEAT_INTERVAL,
-        inventory_wanted=beat.inventory is None and beat.inventory_hash != card.inventory_hash,
+        # An empty hash claims nothing; a different one means the node has changed.
+        inventory_wanted=beat.inventory is None and beat.inventory_hash not in ("", card.inventory_hash),
         shards=None,
     )
 

@@ -13,6 +13,13 @@ from django.http import HttpRequest, HttpResponse
 
 from agent import protocol
 
+# The protocol's own messages nest five levels deep at most ($.inventory.fabrics[0].hcas);
+# deeper data can only be an unknown field, and is refused rather than walked.
+MAX_DEPTH = 16
+# A string (possibly with escapes), or one bracket.
+_JSON_TOKENS = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[\[\]{}]')
+_OPENERS = frozenset(b"[{")
+
 
 class Rejected(Exception):
     """A request refused; `outcome` is the short reason counted in the self-metrics."""
@@ -66,15 +73,31 @@ def read_json_body(request: HttpRequest) -> bytes:
 
 def decode(body: bytes, kind: type[protocol.Struct]):
     """Decode and validate a message, or refuse it naming the first field at fault."""
+    if nested_deeper_than(body, MAX_DEPTH):
+        raise Rejected(400, "$", f"nested deeper than {MAX_DEPTH} levels", "invalid")
     try:
         return protocol.decode(body, kind)
     except msgspec.ValidationError as exc:
         raise Rejected(400, *_field_and_reason(str(exc)), "invalid") from None
     except msgspec.DecodeError as exc:
         raise Rejected(400, "$", str(exc), "not_json") from None
-    except RecursionError:
-        # msgspec skips an unknown field by recursing into it.
-        raise Rejected(400, "$", "nested too deeply", "invalid") from None
+
+
+def nested_deeper_than(body: bytes, limit: int) -> bool:
+    """Whether the JSON nests arrays and objects more than `limit` deep (brackets in strings don't count)."""
+    # Cheap bound first: an ordinary heartbeat has too few brackets to be deep.
+    if body.count(b"{") + body.count(b"[") <= limit:
+        return False
+    depth = 0
+    for match in _JSON_TOKENS.finditer(body):
+        char = body[match.start()]
+        if char in _OPENERS:
+            depth += 1
+            if depth > limit:
+                return True
+        elif char != 0x22:  # a closing bracket, not a string
+            depth -= 1
+    return False
 
 
 def _field_and_reason(message: str) -> tuple[str, str]:
