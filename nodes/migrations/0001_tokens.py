@@ -6,38 +6,51 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('inventory', '0001_initial'),
+        ("inventory", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='JoinToken',
+            name="JoinToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(editable=False, max_length=16, unique=True)),
-                ('secret_digest', models.CharField(editable=False, max_length=64)),
-                ('name', models.CharField(help_text='What this token is for, e.g. the rack or the batch of machines.', max_length=200)),
-                ('created_at', models.DateTimeField(default=django.utils.timezone.now, editable=False)),
-                ('created_by', models.CharField(blank=True, editable=False, max_length=150)),
-                ('revoked_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('last_used_at', models.DateTimeField(blank=True, editable=False, null=True)),
+                ("id", models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name="ID")),
+                ("key", models.CharField(editable=False, max_length=16, unique=True)),
+                ("secret_digest", models.CharField(editable=False, max_length=64)),
+                (
+                    "name",
+                    models.CharField(
+                        help_text="What this token is for, e.g. the rack or the batch of machines.", max_length=200
+                    ),
+                ),
+                ("created_at", models.DateTimeField(default=django.utils.timezone.now, editable=False)),
+                ("created_by", models.CharField(blank=True, editable=False, max_length=150)),
+                ("revoked_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("last_used_at", models.DateTimeField(blank=True, editable=False, null=True)),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='NodeToken',
+            name="NodeToken",
             fields=[
-                ('node', models.OneToOneField(on_delete=django.db.models.deletion.CASCADE, primary_key=True, related_name='token', serialize=False, to='inventory.node')),
-                ('secret_digest', models.CharField(blank=True, editable=False, max_length=64)),
-                ('issued_at', models.DateTimeField(default=django.utils.timezone.now, editable=False)),
-                ('revoked_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('revoked_by', models.CharField(blank=True, editable=False, max_length=150)),
+                (
+                    "node",
+                    models.OneToOneField(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        primary_key=True,
+                        related_name="token",
+                        serialize=False,
+                        to="inventory.node",
+                    ),
+                ),
+                ("secret_digest", models.CharField(blank=True, editable=False, max_length=64)),
+                ("issued_at", models.DateTimeField(default=django.utils.timezone.now, editable=False)),
+                ("revoked_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("revoked_by", models.CharField(blank=True, editable=False, max_length=150)),
             ],
         ),
     ]
