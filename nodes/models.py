@@ -90,7 +90,7 @@ class JoinToken(models.Model):
     def find(cls, token: str) -> JoinToken | None:
         """The usable join token this is, if any."""
         key, secret = split_token(token)
-        if not key:
+        if len(key) != 16 or not key.isalnum():
             return None
         join_token = cls.objects.usable().filter(key=key).first()
         if join_token is None or not digest_matches(secret, join_token.secret_digest):

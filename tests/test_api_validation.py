@@ -175,6 +175,7 @@ BODIES = {
     "bad UTF-8": (json.dumps(BASE).replace("gpu-1.example", "gpu-\udcff").encode("utf-8", "surrogateescape"), 400, "$"),
     "deep nesting": (b'{"future": ' + b'{"a": ' * 5000 + b"1" + b"}" * 5001, 400, "$"),
     "deep arrays": (b'{"future": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "$"),
+    "NUL in a string": (json.dumps(BASE).replace("gpu-1.example", "gpu-1\\u0000").encode(), 400, "$"),
     "too large": (
         json.dumps({**BASE, "padding": "x" * protocol.MAX_BODY_BYTES}).encode(),
         413,
@@ -224,7 +225,9 @@ too_big = st.one_of(
     st.integers(min_value=protocol.MAX_COUNT + 1, max_value=10**30), st.floats(min_value=1e12, max_value=1e300)
 )
 negative = st.one_of(st.integers(max_value=-1, min_value=-(10**30)), st.floats(max_value=-1e-9, min_value=-1e300))
-text_with_html = st.text(min_size=0, max_size=20).map(lambda s: HTML + s)
+# NUL is refused before anything else (PostgreSQL cannot store it): kept out where another field is at fault.
+any_text = st.text(st.characters(exclude_characters="\x00"), max_size=20)
+text_with_html = any_text.map(lambda s: HTML + s)
 overlong = st.integers(min_value=protocol.MAX_DETAIL + 1, max_value=3000).map(lambda n: ("<b>" * n)[:n])
 not_a_string = st.one_of(
     st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.booleans(), st.none(), st.just([]), st.just({})
@@ -235,7 +238,7 @@ not_a_number = st.one_of(text_with_html, st.booleans(), st.none(), st.just([1]),
 def wrong_value(value):
     """Values that are invalid wherever a value like this one stands."""
     if isinstance(value, bool):
-        return st.one_of(st.integers(), st.text(max_size=5), st.none())
+        return st.one_of(st.integers(), any_text, st.none())
     if isinstance(value, int | float):
         return st.one_of(too_big, negative, not_a_number)
     return st.one_of(not_a_string, overlong)
@@ -244,7 +247,7 @@ def wrong_value(value):
 @st.composite
 def malformed_heartbeat(draw) -> tuple[bytes, str]:
     """A body with exactly one thing wrong, and the field the rejection must name."""
-    kind = draw(st.sampled_from(["leaf", "leaf", "leaf", "list", "html id", "syntax", "utf8", "nesting"]))
+    kind = draw(st.sampled_from(["leaf", "leaf", "leaf", "list", "html id", "syntax", "utf8", "nul", "nesting"]))
     if kind == "leaf":
         path, value = draw(st.sampled_from(LEAVES))
         return json.dumps(set_at(BASE, path, draw(wrong_value(value)))).encode(), json_path(path)
@@ -259,6 +262,9 @@ def malformed_heartbeat(draw) -> tuple[bytes, str]:
     if kind == "syntax":
         literal = draw(st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"nul", b"'x'", b"0x10", b"1.e"]))
         return body.replace(b'"cpu_percent": 12.5', b'"cpu_percent": ' + literal), "$"
+    if kind == "nul":
+        path, value = draw(st.sampled_from([leaf for leaf in LEAVES if isinstance(leaf[1], str)]))
+        return json.dumps(set_at(BASE, path, value + "\x00" + draw(any_text))).encode(), "$"
     if kind == "utf8":
         junk = draw(st.binary(min_size=1, max_size=8).filter(lambda b: not _is_utf8(b)))
         return body.replace(b"gpu-1.example", b"gpu-" + junk), "$"

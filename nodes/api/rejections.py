@@ -76,6 +76,9 @@ def decode(body: bytes, kind: type[protocol.Struct]):
     """Decode and validate a message, or refuse it naming the first field at fault."""
     if nested_deeper_than(body, MAX_DEPTH):
         raise Rejected(400, "$", f"nested deeper than {MAX_DEPTH} levels", "invalid")
+    # PostgreSQL cannot store a NUL character in text or JSON, so none may come in.
+    if b"\\u0000" in body:
+        raise Rejected(400, "$", "strings may not contain NUL (\\u0000)", "invalid")
     try:
         return protocol.decode(body, kind)
     except msgspec.ValidationError as exc:
