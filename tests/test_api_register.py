@@ -152,3 +152,9 @@ def test_an_invalid_registration_names_the_field(client):
     assert response.status_code == 400
     assert protocol.decode(response.content, protocol.Rejection).field == "$.node_id"
     assert not Node.objects.exists()
+
+
+def test_a_node_id_with_dots_and_colons_gets_a_working_token(client):
+    token = register(client, "rack1.gpu-1:a")
+    assert token.startswith("rack1.gpu-1:a.")
+    assert reply_of(heartbeat(client, token, protocol.Heartbeat())).state == "ready"
