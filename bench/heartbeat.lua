@@ -1,25 +1,31 @@
 -- wrk script for bench/heartbeat.py: rotates through the simulated nodes' tokens and bodies.
--- Arguments after `--`: the data file (one "token<TAB>body" line per node) and the path to POST to.
+-- Arguments after `--`: the data file (one "token<TAB>body" line per node), the path to POST to,
+-- where in its share of the nodes each thread starts (so that runs continue one another), and
+-- the number of threads.
+-- Thread i of n sends the nodes i, i+n, i+2n, …: every node is sent, each by one thread only.
 local requests = {}
 local counter = 0
-local threads_started = 0
+local threads_set_up = 0
 
 function setup(thread)
-  thread:set("thread_index", threads_started)
-  threads_started = threads_started + 1
+  thread:set("thread_index", threads_set_up)
+  threads_set_up = threads_set_up + 1
 end
 
 function init(args)
-  local path = args[2]
+  local path, start, threads = args[2], tonumber(args[3]), tonumber(args[4])
+  local index = 0
   for line in io.lines(args[1]) do
-    local token, body = line:match("^([^\t]+)\t(.*)$")
-    requests[#requests + 1] = wrk.format("POST", path, {
-      ["Authorization"] = "Bearer " .. token,
-      ["Content-Type"] = "application/json",
-    }, body)
+    if index % threads == thread_index then
+      local token, body = line:match("^([^\t]+)\t(.*)$")
+      requests[#requests + 1] = wrk.format("POST", path, {
+        ["Authorization"] = "Bearer " .. token,
+        ["Content-Type"] = "application/json",
+      }, body)
+    end
+    index = index + 1
   end
-  -- Threads start at different nodes so that each node beats about as often as the others.
-  counter = (thread_index * 7919) % #requests
+  counter = start % #requests
 end
 
 function request()

@@ -9,7 +9,7 @@ POST /api/v1/heartbeat and at an empty view routed only for this benchmark
 medians reported. wrk's own CPU time is reported too, to show it is
 not what limits the figures.
 
-    python bench/heartbeat.py [--nodes 2000] [--seconds 60] [--rounds 3] [--connections 32]
+    python bench/heartbeat.py [--nodes 10000] [--seconds 60] [--rounds 3] [--connections 32]
 
 The fleet size does not change what one heartbeat costs (a node's card is one
 Redis key), but it must be small enough that wrk's rotation reaches every node
@@ -176,6 +176,12 @@ def cpu_seconds(stack: Stack, names: tuple[str, ...]) -> float:
     return total
 
 
+WRK_THREADS = 2
+# Per path, how far wrk's threads have gone through their nodes, so that each
+# run carries on where the last stopped rather than beating the same nodes again.
+_positions: dict[str, int] = {}
+
+
 def run_wrk(stack: Stack, path: str, data_file: Path, seconds: int, connections: int) -> dict:
     url = f"http://127.0.0.1:{stack.web_port}"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -185,7 +191,7 @@ def run_wrk(stack: Stack, path: str, data_file: Path, seconds: int, connections:
         [
             "wrk",
             "--threads",
-            "2",
+            str(WRK_THREADS),
             "--connections",
             str(connections),
             "--duration",
@@ -198,6 +204,8 @@ def run_wrk(stack: Stack, path: str, data_file: Path, seconds: int, connections:
             "--",
             str(data_file),
             path,
+            str(_positions.get(path, 0)),
+            str(WRK_THREADS),
         ],
         capture_output=True,
         text=True,
@@ -207,6 +215,7 @@ def run_wrk(stack: Stack, path: str, data_file: Path, seconds: int, connections:
     server_cpu = cpu_seconds(stack, ("web", "redis", "celery")) - server_before
     redis_cpu = cpu_seconds(stack, ("redis",)) - redis_before
     figures = json.loads(completed.stdout.strip().splitlines()[-1])
+    _positions[path] = _positions.get(path, 0) + figures["requests"] // WRK_THREADS
     seconds_run = figures["duration_us"] / 1e6
     return {
         "per_second": figures["requests"] / seconds_run,
@@ -224,7 +233,7 @@ def run_wrk(stack: Stack, path: str, data_file: Path, seconds: int, connections:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--nodes", type=int, default=2_000)
+    parser.add_argument("--nodes", type=int, default=10_000)
     parser.add_argument("--seconds", type=int, default=60, help="per target, split over the rounds")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=32)
@@ -245,30 +254,32 @@ def main() -> int:
         },
         web_port=free_port(),
     )
+    per_round = max(args.seconds // args.rounds, 1)
+    rounds = {"heartbeat": [], "empty": []}
     try:
         stack.start(stack.redis_part())
         stack.prepare()
         stack.start(stack.web_part())
-        stack.start(stack.celery_part())
         base = f"http://127.0.0.1:{stack.web_port}"
 
+        # The empty view first, with bodies and tokens of the same sizes: the
+        # fleet does not exist yet, so it cannot fall silent meanwhile.
+        write_fleet_file(var / "empty.tsv", [f"node-{i:05d}.{'x' * 43}" for i in range(args.nodes)])
+        for _ in range(args.rounds):
+            rounds["empty"].append(
+                run_wrk(stack, "/api/v1/bench-empty", var / "empty.tsv", per_round, args.connections)
+            )
+
+        # Celery (the sweeper) starts once every node has beaten: a fleet that
+        # takes minutes to register would otherwise be marked unreachable before
+        # its first heartbeat, and the run would measure revivals.
         started = time.monotonic()
         tokens = register_fleet(base, args.nodes)
         print(f"registered {len(tokens)} nodes in {time.monotonic() - started:.1f} s", file=sys.stderr)
-        data_file = var / "fleet.tsv"
-        with data_file.open("wb") as out:
-            for index, token in enumerate(tokens):
-                out.write(token.encode() + b"\t" + heartbeat_body(index, f"h{index}") + b"\n")
-
-        # The empty view first: rounds of it between heartbeat rounds would leave
-        # the fleet silent long enough to go unreachable, and the heartbeat
-        # rounds would then measure revivals.
-        per_round = max(args.seconds // args.rounds, 1)
-        rounds = {"heartbeat": [], "empty": []}
-        for _ in range(args.rounds):
-            rounds["empty"].append(run_wrk(stack, "/api/v1/bench-empty", data_file, per_round, args.connections))
+        data_file = write_fleet_file(var / "fleet.tsv", tokens)
         beat_every_node_once(base, tokens)
-        run_wrk(stack, "/api/v1/heartbeat", data_file, 5, args.connections)  # warm-up
+        stack.start(stack.celery_part())
+        run_wrk(stack, "/api/v1/heartbeat", data_file, 10, args.connections)  # warm-up
         measuring_since = time.time()
         for _ in range(args.rounds):
             rounds["heartbeat"].append(run_wrk(stack, "/api/v1/heartbeat", data_file, per_round, args.connections))
@@ -279,6 +290,14 @@ def main() -> int:
 
     report(rounds, args, fleet)
     return 0
+
+
+def write_fleet_file(path: Path, tokens: list[str]) -> Path:
+    """One "token<TAB>body" line per node, for the wrk script."""
+    with path.open("wb") as out:
+        for index, token in enumerate(tokens):
+            out.write(token.encode() + b"\t" + heartbeat_body(index, f"h{index}") + b"\n")
+    return path
 
 
 def fleet_after(stack: Stack, since: float) -> dict:

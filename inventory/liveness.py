@@ -21,8 +21,7 @@ from itertools import islice
 
 import redis
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Case, DateTimeField, Q, Value, When
+from django.db import connection, transaction
 from django.utils import timezone
 
 from inventory.allocations import release_replica
@@ -103,12 +102,29 @@ def _write_last_heartbeats(raw: dict[bytes, bytes]) -> None:
         except (ValueError, OverflowError, UnicodeDecodeError):
             log.warning("dropping unreadable heartbeat time %r of %r", value, node_id)
     items = iter(sorted(times.items()))
-    while batch := list(islice(items, FLUSH_BATCH)):
-        arrived = Case(*(When(pk=node_id, then=Value(at)) for node_id, at in batch), output_field=DateTimeField())
-        # Forward only: `touch` may have written a newer time straight to the row.
-        Node.objects.filter(pk__in=[node_id for node_id, _ in batch]).filter(
-            Q(last_heartbeat__isnull=True) | Q(last_heartbeat__lt=arrived)
-        ).update(last_heartbeat=arrived)
+    sql = _bulk_update_sql()
+    with connection.cursor() as cursor:
+        while batch := list(islice(items, FLUSH_BATCH)):
+            rows = ", ".join(["(%s, %s)"] * len(batch))
+            params = [part for node_id, at in batch for part in (node_id, connection.ops.adapt_datetimefield_value(at))]
+            cursor.execute(sql.format(rows=rows), params)
+
+
+def _bulk_update_sql() -> str:
+    """One UPDATE for a batch of (id, time) rows; PostgreSQL and SQLite (3.33+) both take it.
+
+    Raw SQL because the ORM's equivalent (a CASE with a WHEN per row) costs the
+    worker about two seconds of CPU per 10,000 nodes, every five seconds.
+    Forward only: `touch` may have written a newer time straight to the row.
+    """
+    quote = connection.ops.quote_name
+    table, pk = quote(Node._meta.db_table), quote(Node._meta.pk.column)
+    column = quote(Node._meta.get_field("last_heartbeat").column)
+    return (
+        f"WITH arrived(id, at) AS (VALUES {{rows}}) "
+        f"UPDATE {table} SET {column} = arrived.at FROM arrived "
+        f"WHERE {table}.{pk} = arrived.id AND ({table}.{column} IS NULL OR {table}.{column} < arrived.at)"
+    )
 
 
 @dataclass

@@ -162,3 +162,16 @@ def test_a_heartbeat_after_the_sweep_revives_the_node_at_once(client, clock, tok
     assert reply.state == "cordoned"
     assert liveness_of("gpu-2") == Liveness.ALIVE
     assert Node.objects.get(pk="gpu-2").last_heartbeat == at(301)
+
+
+def test_the_flush_writes_every_held_time_across_batches(redis_client):
+    count = liveness.FLUSH_BATCH * 2 + 7
+    Node.objects.bulk_create(Node(id=f"n{i:04d}", last_heartbeat=START) for i in range(count))
+    arrived = {f"n{i:04d}": START.timestamp() + i for i in range(count)}
+    redis_client.hset(liveness.HEARTBEATS_KEY, mapping={k: repr(v) for k, v in arrived.items()})
+
+    assert liveness.flush_heartbeats() == count
+
+    stored = dict(Node.objects.values_list("id", "last_heartbeat"))
+    assert all(stored[node_id].timestamp() == at for node_id, at in arrived.items())
+    assert not redis_client.exists(liveness.HEARTBEATS_KEY)
