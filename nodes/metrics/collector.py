@@ -1,11 +1,12 @@
 """The fleet collector: built on each scrape from the inventory, fresh loads and own counters.
 
 Each scrape runs the four inventory queries and one Redis round trip (every
-node's load with one MGET, the self-metrics hash with HGETALL, pipelined), so
-its cost in queries does not grow with the fleet. A node gone from the
-inventory has no series: nothing is carried over from one scrape to the next.
-A load older than LLMGW_LOAD_MAX_AGE, on the control plane's clock, is left
-out rather than repeated; the node's inventory series stay.
+node's rendered load with one MGET, the self-metrics hash with HGETALL,
+pipelined), so its cost in queries does not grow with the fleet. A node gone
+from the inventory has no series: nothing is carried over from one scrape to
+the next but the text of unchanged rows (nodes.metrics.rowcache). A load older
+than LLMGW_LOAD_MAX_AGE, on the control plane's clock, is left out rather than
+repeated; the node's inventory series stay.
 """
 
 from __future__ import annotations
@@ -22,16 +23,23 @@ from prometheus_client.utils import floatToGoString
 
 from inventory.models import derive_state
 from nodes import loadstore, selfmetrics
-from nodes.metrics import families, inventory
+from nodes.metrics import families, inventory, loads
 from nodes.metrics.exposition import RenderedFamily
 from nodes.metrics.families import Family
 from nodes.metrics.lines import labelset, line
+from nodes.metrics.rowcache import RowCache
 
 log = logging.getLogger(__name__)
 
 
 class FleetCollector:
     """A prometheus_client collector; `describe()` runs no query, so registering it is free."""
+
+    def __init__(self):
+        self.nodes = RowCache(_render_node)
+        self.gpus = RowCache(_render_gpus)
+        self.disks = RowCache(_render_disk)
+        self.allocations = RowCache(_Allocation)
 
     def describe(self) -> list[Metric]:
         return [Metric(family.name, family.documentation, family.type) for family in families.ALL]
@@ -41,35 +49,54 @@ class FleetCollector:
         yield GaugeMetricFamily(
             families.LOADSTORE_UP.name, families.LOADSTORE_UP.documentation, value=int(scrape.redis_ok)
         )
-        yield from scrape.fleet()
+        yield from self.fleet(scrape)
         yield from self_families(scrape.counters)
 
+    def fleet(self, scrape: Scrape) -> Iterator[RenderedFamily]:
+        inv = scrape.inventory
+        # The last heartbeat changes with every beat, so it is no part of a node row's key.
+        nodes = self.nodes.refresh(row[:-1] for row in inv.nodes)
+        present = {row[0] for row in inv.nodes}
+        allocations = self.allocations.refresh(row for row in inv.allocations if row[0] in present)
+        shard_labels = {a.shard: (a.node, a.labels) for a in allocations}
 
-def rendered(family: Family, chunks) -> RenderedFamily:
+        for index, family in enumerate(families.NODE_LOAD):
+            yield rendered(family, [stored.chunks[index] for _, stored in scrape.loads])
+        for family, field in ((families.SHARD_CPU, 1), (families.SHARD_MEMORY, 2)):
+            yield rendered(family, _shard_lines(family.name.encode(), field, scrape.loads, shard_labels))
+
+        for index, family in enumerate((families.MEMORY_TOTAL, families.STATE, families.INFO)):
+            yield rendered(family, [node[index] for node in nodes])
+        yield rendered(
+            families.LAST_HEARTBEAT,
+            [
+                line(families.LAST_HEARTBEAT.name, labelset(node=row[0]), row[-1].timestamp()).encode()
+                for row in inv.nodes
+                if row[-1] is not None
+            ],
+        )
+        gpus = self.gpus.refresh(row for row in inv.gpus if row[0] in present)
+        for index, family in enumerate((families.GPUS, families.GPUS_FREE, families.GPU_MEMORY)):
+            yield rendered(family, [text[index] for text in gpus])
+        disks = self.disks.refresh(row for row in inv.disks if row[0] in present)
+        for index, family in enumerate((families.DISK_FREE, families.DISK_SIZE)):
+            yield rendered(family, [text[index] for text in disks])
+        for index, family in enumerate((families.SHARD_GPUS, families.SHARD_MEMORY_CLAIM)):
+            yield rendered(family, [a.lines[index] for a in allocations])
+
+
+def rendered(family: Family, chunks: list[bytes]) -> RenderedFamily:
     return RenderedFamily(family.name, family.documentation, family.type, chunks)
 
 
 class Scrape:
-    """One scrape's data, read eagerly; its families are rendered lazily, one at a time."""
+    """One scrape's data, all read before anything is written."""
 
-    def __init__(self, now: float, inv: inventory.Inventory, raw_loads: list, counters: dict, redis_ok: bool):
-        self.now = now
+    def __init__(self, inv: inventory.Inventory, loads_: list, counters: dict, redis_ok: bool):
         self.inventory = inv
+        self.loads = loads_
         self.counters = counters
         self.redis_ok = redis_ok
-        self.node_label = {row[0]: labelset(node=row[0]) for row in inv.nodes}
-        oldest = now - settings.LLMGW_LOAD_MAX_AGE
-        self.loads = {}
-        for node_id, raw in zip(self.node_label, raw_loads, strict=False):
-            stored = loadstore.decode_for_scrape(raw)
-            if stored is not None and stored.received_at >= oldest and len(stored.lines) == len(families.NODE_LOAD):
-                self.loads[node_id] = stored
-        # Allocations on nodes still in the inventory, with their labels written once.
-        self.shards = {
-            shard: (node, labelset(model=model, node=node, replica=replica, shard=shard), memory_gb, gpus)
-            for node, shard, replica, model, memory_gb, gpus in inv.allocations
-            if node in self.node_label
-        }
 
     @classmethod
     def take(cls, now: float) -> Scrape:
@@ -78,72 +105,42 @@ class Scrape:
         try:
             pipe = loadstore.client().pipeline(transaction=False)
             if node_ids:
-                pipe.mget([loadstore.key(node_id) for node_id in node_ids])
+                pipe.mget([loadstore.lines_key(node_id) for node_id in node_ids])
             pipe.hgetall(selfmetrics.HASH)
             replies = pipe.execute()
         except redis.RedisError as exc:
             # The inventory is still worth exporting; llmgw_loadstore_up says what is missing.
             log.warning("/metrics without loads: %s", exc)
-            return cls(now, inv, [], {}, redis_ok=False)
-        raw_loads = replies[0] if node_ids else []
-        return cls(now, inv, raw_loads, selfmetrics.read(replies[-1]), redis_ok=True)
-
-    def fleet(self) -> Iterator[RenderedFamily]:
-        for index, family in enumerate(families.NODE_LOAD):
-            yield rendered(family, (stored.lines[index] for stored in self.loads.values()))
-        yield rendered(families.SHARD_CPU, self._shard_lines(families.SHARD_CPU.name, "cpu_cores"))
-        yield rendered(families.SHARD_MEMORY, self._shard_lines(families.SHARD_MEMORY.name, "rss_bytes"))
-        yield from self._inventory()
-
-    def _shard_lines(self, name: str, field: str) -> Iterator[str]:
-        for node_id, stored in self.loads.items():
-            for shard in stored.load.shards:
-                placed = self.shards.get(shard.shard)
-                if placed is not None and placed[0] == node_id:
-                    labels = placed[1]
-                else:
-                    # Running but not (or no longer) allocated here: still measured, not yet labelled.
-                    labels = labelset(model="", node=node_id, replica="", shard=shard.shard)
-                yield line(name, labels, getattr(shard, field))
-
-    def _inventory(self) -> Iterator[RenderedFamily]:
-        nodes, node_label = self.inventory.nodes, self.node_label
-        yield rendered(
-            families.MEMORY_TOTAL,
-            (line(families.MEMORY_TOTAL.name, node_label[n[0]], n[2]) for n in nodes if n[2] is not None),
-        )
-        yield rendered(
-            families.STATE,
-            (line(families.STATE.name, labelset(node=n[0], state=derive_state(n[9], n[10]).value), 1) for n in nodes),
-        )
-        yield rendered(families.INFO, (_info_line(n) for n in nodes))
-        yield rendered(
-            families.LAST_HEARTBEAT,
-            (line(families.LAST_HEARTBEAT.name, node_label[n[0]], n[11].timestamp()) for n in nodes if n[11]),
-        )
-        gpus = [
-            (labelset(**{"class": cls, "node": node}), count, free, memory)
-            for node, cls, count, free, memory in self.inventory.gpus
-            if node in node_label
-        ]
-        yield rendered(families.GPUS, (line(families.GPUS.name, labels, count) for labels, count, _, _ in gpus))
-        yield rendered(families.GPUS_FREE, (line(families.GPUS_FREE.name, labels, free) for labels, _, free, _ in gpus))
-        yield rendered(
-            families.GPU_MEMORY, (line(families.GPU_MEMORY.name, labels, memory) for labels, _, _, memory in gpus)
-        )
-        disks = [(node_label[node], free, size) for node, free, size in self.inventory.disks if node in node_label]
-        yield rendered(families.DISK_FREE, (line(families.DISK_FREE.name, labels, free) for labels, free, _ in disks))
-        yield rendered(families.DISK_SIZE, (line(families.DISK_SIZE.name, labels, size) for labels, _, size in disks))
-        shards = self.shards.values()
-        yield rendered(families.SHARD_GPUS, (line(families.SHARD_GPUS.name, s[1], s[3]) for s in shards))
-        yield rendered(
-            families.SHARD_MEMORY_CLAIM, (line(families.SHARD_MEMORY_CLAIM.name, s[1], s[2] * 2**30) for s in shards)
-        )
+            return cls(inv, [], {}, redis_ok=False)
+        oldest = now - settings.LLMGW_LOAD_MAX_AGE
+        fresh = []
+        for node_id, raw in zip(node_ids, replies[0] if node_ids else [], strict=True):
+            stored = loads.parse(raw)
+            if stored is not None and stored.received_at >= oldest:
+                fresh.append((node_id, stored))
+        return cls(inv, fresh, selfmetrics.read(replies[-1]), redis_ok=True)
 
 
-def _info_line(node: tuple) -> str:
-    node_id, hostname, _, os, os_version, kernel, arch, cpu_model, agent_version = node[:9]
-    labels = labelset(
+def _shard_lines(name: bytes, field: int, fresh: list, shard_labels: dict) -> list[bytes]:
+    out = []
+    for node_id, stored in fresh:
+        for record in stored.shards:
+            shard = record[0].decode()
+            placed = shard_labels.get(shard)
+            if placed is not None and placed[0] == node_id:
+                labels = placed[1]
+            else:
+                # Running but not (or no longer) allocated here: still measured, not yet labelled.
+                labels = labelset(model="", node=node_id, replica="", shard=shard).encode()
+            out.append(name + labels + b" " + record[field] + b"\n")
+    return out
+
+
+def _render_node(row: tuple) -> tuple[bytes, bytes, bytes]:
+    """(memory total, state, info) lines of one node row (NODE_FIELDS without the heartbeat)."""
+    node_id, hostname, memory, os, os_version, kernel, arch, cpu_model, agent_version, admin, liveness = row
+    node = labelset(node=node_id)
+    info = labelset(
         agent_version=agent_version,
         arch=arch,
         cpu_model=cpu_model,
@@ -153,7 +150,42 @@ def _info_line(node: tuple) -> str:
         os=os,
         os_version=os_version,
     )
-    return line(families.INFO.sample, labels, 1)
+    state = labelset(node=node_id, state=derive_state(admin, liveness).value)
+    return (
+        line(families.MEMORY_TOTAL.name, node, memory).encode() if memory is not None else b"",
+        line(families.STATE.name, state, 1).encode(),
+        line(families.INFO.sample, info, 1).encode(),
+    )
+
+
+def _render_gpus(row: tuple) -> tuple[bytes, bytes, bytes]:
+    node_id, gpu_class, count, free, memory = row
+    labels = labelset(**{"class": gpu_class, "node": node_id})
+    return (
+        line(families.GPUS.name, labels, count).encode(),
+        line(families.GPUS_FREE.name, labels, free).encode(),
+        line(families.GPU_MEMORY.name, labels, memory or 0).encode(),
+    )
+
+
+def _render_disk(row: tuple) -> tuple[bytes, bytes]:
+    node_id, free, size = row
+    node = labelset(node=node_id)
+    return line(families.DISK_FREE.name, node, free).encode(), line(families.DISK_SIZE.name, node, size).encode()
+
+
+class _Allocation:
+    __slots__ = ("labels", "lines", "node", "shard")
+
+    def __init__(self, row: tuple):
+        node, shard, replica, model, memory_gb, gpus = row
+        self.node, self.shard = node, shard
+        labels = labelset(model=model, node=node, replica=replica, shard=shard)
+        self.labels = labels.encode()
+        self.lines = (
+            line(families.SHARD_GPUS.name, labels, gpus).encode(),
+            line(families.SHARD_MEMORY_CLAIM.name, labels, memory_gb * 2**30).encode(),
+        )
 
 
 def self_families(counters: dict[str, float]) -> Iterator[Metric]:
@@ -168,7 +200,7 @@ def self_families(counters: dict[str, float]) -> Iterator[Metric]:
     )
     for field, value in sorted(counters.items()):
         reason = field.removeprefix("heartbeats:")
-        if reason != field and reason != "accepted":
+        if reason not in (field, "accepted"):
             rejected.add_metric([reason], value)
     yield rejected
     buckets, cumulative = [], 0.0

@@ -26,7 +26,7 @@ EOF_LINE = b"# EOF\n"
 class RenderedFamily(Metric):
     """A gauge or info family whose samples are given as ready sample lines."""
 
-    def __init__(self, name: str, documentation: str, typ: str, chunks: Iterable[str]):
+    def __init__(self, name: str, documentation: str, typ: str, chunks: Iterable[bytes]):
         if typ not in ("gauge", "info"):
             raise ValueError(f"only gauge and info lines are the same in every format, not {typ}")
         super().__init__(name, documentation, typ)
@@ -68,7 +68,7 @@ def _chunks(registry, encoder, content_type: str) -> Iterator[bytes]:
     for metric in registry.collect():
         if isinstance(metric, RenderedFamily):
             header = _header(content_type, metric.name, metric.documentation, metric.type)
-            yield header + "".join(metric.chunks).encode()
+            yield header + b"".join(metric.chunks)
         else:
             yield _encode(encoder, metric)
     if content_type.startswith("application/openmetrics-text"):

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Exists, OuterRef, Q, Sum
+from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery, Sum
+from django.db.models.functions import Coalesce
 
 from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node
 from inventory.models.gpus import HEALTH_OK
@@ -44,6 +45,13 @@ def read() -> Inventory:
     """The whole fleet's inventory in exactly four queries."""
     claimed = GPUClaim.objects.filter(node_id=OuterRef("node_id"), gpu_index=OuterRef("index"))
     local = Q(shared=False)
+    claims = (
+        GPUClaim.objects.filter(allocation_id=OuterRef("pk"))
+        .order_by()
+        .values("allocation_id")
+        .annotate(count=Count("*"))
+        .values("count")
+    )
     return Inventory(
         nodes=list(Node.objects.order_by().values_list(*NODE_FIELDS)),
         gpus=list(
@@ -63,7 +71,9 @@ def read() -> Inventory:
         ),
         allocations=list(
             Allocation.objects.order_by()
-            .values_list("node_id", "shard_id", "replica_id", "model", "memory_gb")
-            .annotate(gpus=Count("gpu_claims"))
+            # A count per allocation through the claims' index: grouping 40,000
+            # allocations by their text columns instead costs half as much again.
+            .annotate(gpus=Coalesce(Subquery(claims, output_field=IntegerField()), 0))
+            .values_list("node_id", "shard_id", "replica_id", "model", "memory_gb", "gpus")
         ),
     )

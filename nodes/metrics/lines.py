@@ -9,12 +9,18 @@ format and in OpenMetrics, so a line rendered once serves either.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from prometheus_client.utils import floatToGoString
 
+# Inventory values repeat across a fleet (the same memory, GPU and disk sizes
+# on every machine of a kind), so their formatting is remembered.
+value = lru_cache(maxsize=8192)(floatToGoString)
 
-def escape(value: str) -> str:
+
+def escape(text: str) -> str:
     """A label value as the exposition format quotes it."""
-    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return text.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
 
 def labelset(**labels: str) -> str:
@@ -22,6 +28,6 @@ def labelset(**labels: str) -> str:
     return "{" + ",".join(f'{name}="{escape(labels[name])}"' for name in sorted(labels)) + "}"
 
 
-def line(name: str, labels: str, value: float) -> str:
+def line(name: str, labels: str, number: float) -> str:
     """One sample: `labels` is a `labelset()`; no timestamp, so Prometheus' staleness handling applies."""
-    return f"{name}{labels} {floatToGoString(value)}\n"
+    return f"{name}{labels} {value(number)}\n"
