@@ -235,6 +235,6 @@ def test_a_scrape_runs_the_same_queries_whatever_the_fleet_size(
 
     ids = fleet.build(count, at=time.time())
     fleet.save_loads(ids, time.time())
-    with django_assert_num_queries(4):
+    with django_assert_num_queries(5):
         found = scrape(client)
     assert len(named(found, "llmgw_shard_cpu_cores")) == 4 * count

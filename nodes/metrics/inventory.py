@@ -1,4 +1,4 @@
-"""The inventory as /metrics needs it: four queries, whatever the fleet size.
+"""The inventory as /metrics needs it: five queries, whatever the fleet size.
 
 Sums and counts per node are left to the database (GROUP BY) rather than done
 over one row per GPU here: at 10,000 nodes of 8 GPUs that is 10,000 rows
@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Count, Exists, OuterRef, Q, Sum
 
 from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node
 from inventory.models.gpus import HEALTH_OK
@@ -42,16 +41,12 @@ class Inventory:
 
 
 def read() -> Inventory:
-    """The whole fleet's inventory in exactly four queries."""
+    """The whole fleet's inventory in exactly five queries."""
     claimed = GPUClaim.objects.filter(node_id=OuterRef("node_id"), gpu_index=OuterRef("index"))
     local = Q(shared=False)
-    claims = (
-        GPUClaim.objects.filter(allocation_id=OuterRef("pk"))
-        .order_by()
-        .values("allocation_id")
-        .annotate(count=Count("*"))
-        .values("count")
-    )
+    # GPUs per allocation counted apart and joined here: on PostgreSQL this is
+    # half the time of a join or a correlated count over 40,000 allocations.
+    claims = dict(GPUClaim.objects.order_by().values_list("allocation_id").annotate(count=Count("*")))
     return Inventory(
         nodes=list(Node.objects.order_by().values_list(*NODE_FIELDS)),
         gpus=list(
@@ -69,11 +64,10 @@ def read() -> Inventory:
             .values_list("node_id")
             .annotate(free=Sum("free_bytes", filter=local, default=0), size=Sum("total_bytes", filter=local, default=0))
         ),
-        allocations=list(
-            Allocation.objects.order_by()
-            # A count per allocation through the claims' index: grouping 40,000
-            # allocations by their text columns instead costs half as much again.
-            .annotate(gpus=Coalesce(Subquery(claims, output_field=IntegerField()), 0))
-            .values_list("node_id", "shard_id", "replica_id", "model", "memory_gb", "gpus")
-        ),
+        allocations=[
+            (*row, claims.get(pk, 0))
+            for pk, *row in Allocation.objects.order_by().values_list(
+                "pk", "node_id", "shard_id", "replica_id", "model", "memory_gb"
+            )
+        ],
     )
