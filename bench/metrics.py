@@ -10,6 +10,8 @@ scrape), which is the floor of any collector that builds sample objects.
 
 The scrape is timed by curl (time to the first byte, when every query and the
 Redis round trip are done, and in all) with the Accept header Prometheus sends.
+CPU seconds (the worker's, and prometheus_client's) are given beside wall
+seconds: on a machine shared with other work they move far less.
 
 Run alone: .venv/bin/python bench/metrics.py [--sizes 1000,10000] [--scrapes 9]
 Prints a Markdown table and writes bench/results/metrics.json.
@@ -102,8 +104,15 @@ def rss(process) -> tuple[int, int]:
     return values["VmRSS"], values["VmHWM"]
 
 
-def prometheus_client_floor(text: str, runs: int) -> float:
-    """Median time prometheus_client takes to write, in the same format, a pre-built registry of the same series."""
+def cpu_seconds(process) -> float:
+    """CPU time the process used so far: unlike wall time, barely moved by other work on a busy machine."""
+    times = process.cpu_times()
+    return times.user + times.system
+
+
+def prometheus_client_floor(text: str, runs: int) -> tuple[float, float]:
+    """Median (wall, CPU) seconds prometheus_client takes to write, in the same format, a pre-built
+    registry of the same series."""
     from prometheus_client import CollectorRegistry
     from prometheus_client.openmetrics.exposition import generate_latest
     from prometheus_client.openmetrics.parser import text_string_to_metric_families
@@ -116,12 +125,13 @@ def prometheus_client_floor(text: str, runs: int) -> float:
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(Prebuilt())
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
-        started = time.perf_counter()
+        started, used = time.perf_counter(), time.process_time()
         generate_latest(registry)
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        cpu.append(time.process_time() - used)
+    return statistics.median(times), statistics.median(cpu)
 
 
 def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dict]:
@@ -153,9 +163,11 @@ def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dic
         saved = time.perf_counter() - started
         # A worker's first scrape renders every inventory row; later ones reuse the unchanged rows.
         _, cold = fetch(url, output)
-        times, first_bytes, after = [], [], []
+        times, first_bytes, cpu, after = [], [], [], []
         for _ in range(scrapes):
+            used = cpu_seconds(worker)
             first_byte, seconds = fetch(url, output)
+            cpu.append(cpu_seconds(worker) - used)
             times.append(seconds)
             first_bytes.append(first_byte)
             after.append(rss(worker)[0])
@@ -166,14 +178,16 @@ def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dic
     series = sum(1 for line in text.splitlines() if line and not line.startswith("#"))
     shard_series = text.count("\nllmgw_shard_cpu_cores{")
     assert shard_series == 4 * size, f"expected {4 * size} fresh shard series, found {shard_series}"
-    floor = prometheus_client_floor(text, max(3, scrapes // 2))
+    floor, floor_cpu = prometheus_client_floor(text, max(3, scrapes // 2))
     print(f"  {size} nodes: fleet built in {built:.1f} s, loads saved in {saved:.2f} s", file=sys.stderr)
     mib = 2**20
     return [
         figure(f"scrape_seconds_{size}", statistics.median(times), "s", TARGET_SECONDS if size == 10_000 else None),
         figure(f"scrape_first_byte_seconds_{size}", statistics.median(first_bytes), "s"),
         figure(f"first_scrape_of_a_worker_seconds_{size}", cold, "s"),
+        figure(f"scrape_worker_cpu_seconds_{size}", statistics.median(cpu), "s"),
         figure(f"prometheus_client_serialise_seconds_{size}", floor, "s"),
+        figure(f"prometheus_client_serialise_cpu_seconds_{size}", floor_cpu, "s"),
         figure(f"series_{size}", series, "series", better="higher"),
         figure(f"scrape_bytes_{size}", len(text.encode()), "bytes"),
         figure(f"worker_rss_before_mib_{size}", idle_rss / mib, "MiB"),

@@ -58,20 +58,22 @@ class FleetCollector:
         nodes = self.nodes.refresh(row[:-1] for row in inv.nodes)
         present = {row[0] for row in inv.nodes}
         allocations = self.allocations.refresh(row for row in inv.allocations if row[0] in present)
-        shard_labels = {a.shard: (a.node, a.labels) for a in allocations}
 
         for index, family in enumerate(families.NODE_LOAD):
             yield rendered(family, [stored.chunks[index] for _, stored in scrape.loads])
+        shards = _shard_samples(scrape.loads, {a.shard: a for a in allocations})
         for family, field in ((families.SHARD_CPU, 1), (families.SHARD_MEMORY, 2)):
-            yield rendered(family, _shard_lines(family.name.encode(), field, scrape.loads, shard_labels))
+            name = family.name.encode()
+            yield rendered(family, [name + sample[0] + b" " + sample[field] + b"\n" for sample in shards])
 
         for index, family in enumerate((families.MEMORY_TOTAL, families.STATE, families.INFO)):
             yield rendered(family, [node[index] for node in nodes])
+        heartbeat = families.LAST_HEARTBEAT.name
         yield rendered(
             families.LAST_HEARTBEAT,
             [
-                line(families.LAST_HEARTBEAT.name, labelset(node=row[0]), row[-1].timestamp()).encode()
-                for row in inv.nodes
+                f"{heartbeat}{node[3]} {floatToGoString(row[-1].timestamp())}\n".encode()
+                for node, row in zip(nodes, inv.nodes, strict=True)
                 if row[-1] is not None
             ],
         )
@@ -121,23 +123,23 @@ class Scrape:
         return cls(inv, fresh, selfmetrics.read(replies[-1]), redis_ok=True)
 
 
-def _shard_lines(name: bytes, field: int, fresh: list, shard_labels: dict) -> list[bytes]:
-    out = []
+def _shard_samples(fresh: list, placed: dict) -> list[tuple[bytes, bytes, bytes]]:
+    """(labels, cores, bytes) of every shard in a fresh load, labelled from its allocation."""
+    samples = []
     for node_id, stored in fresh:
-        for record in stored.shards:
-            shard = record[0].decode()
-            placed = shard_labels.get(shard)
-            if placed is not None and placed[0] == node_id:
-                labels = placed[1]
+        for shard, cores, resident in stored.shards:
+            allocation = placed.get(shard.decode())
+            if allocation is not None and allocation.node == node_id:
+                labels = allocation.labels
             else:
                 # Running but not (or no longer) allocated here: still measured, not yet labelled.
-                labels = labelset(model="", node=node_id, replica="", shard=shard).encode()
-            out.append(name + labels + b" " + record[field] + b"\n")
-    return out
+                labels = labelset(model="", node=node_id, replica="", shard=shard.decode()).encode()
+            samples.append((labels, cores, resident))
+    return samples
 
 
-def _render_node(row: tuple) -> tuple[bytes, bytes, bytes]:
-    """(memory total, state, info) lines of one node row (NODE_FIELDS without the heartbeat)."""
+def _render_node(row: tuple) -> tuple[bytes, bytes, bytes, str]:
+    """(memory total, state, info) lines of one node row (NODE_FIELDS without the heartbeat), and its label."""
     node_id, hostname, memory, os, os_version, kernel, arch, cpu_model, agent_version, admin, liveness = row
     node = labelset(node=node_id)
     info = labelset(
@@ -155,6 +157,7 @@ def _render_node(row: tuple) -> tuple[bytes, bytes, bytes]:
         line(families.MEMORY_TOTAL.name, node, memory).encode() if memory is not None else b"",
         line(families.STATE.name, state, 1).encode(),
         line(families.INFO.sample, info, 1).encode(),
+        node,
     )
 
 
