@@ -39,3 +39,18 @@ def test_save_on_a_callers_pipeline_sends_nothing_until_it_executes(redis_client
 def test_registering_the_collector_runs_no_query(django_assert_num_queries):
     with django_assert_num_queries(0):
         CollectorRegistry(auto_describe=True).register(FleetCollector())
+
+
+@pytest.mark.django_db
+def test_the_cyclic_collector_runs_again_after_a_scrape_however_it_ends(client, redis_client):
+    import gc
+
+    from tests.metrics_scrape import body
+
+    body(client.get("/metrics"))
+    assert gc.isenabled()
+    response = client.get("/metrics")
+    next(iter(response.streaming_content))
+    assert not gc.isenabled()  # paused while the scrape is being written
+    response.close()
+    assert gc.isenabled()

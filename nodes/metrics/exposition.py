@@ -14,6 +14,7 @@ the whole text of a 10,000-node fleet at once.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 
@@ -65,11 +66,22 @@ def write(registry, accept: str) -> tuple[Iterator[bytes], str]:
 
 
 def _chunks(registry, encoder, content_type: str) -> Iterator[bytes]:
-    for metric in registry.collect():
-        if isinstance(metric, RenderedFamily):
-            header = _header(content_type, metric.name, metric.documentation, metric.type)
-            yield header + b"".join(metric.chunks)
-        else:
-            yield _encode(encoder, metric)
-    if content_type.startswith("application/openmetrics-text"):
-        yield EOF_LINE
+    # A scrape of a large fleet makes hundreds of thousands of short-lived
+    # objects without cycles (rows, byte strings), freed by reference counting;
+    # the cyclic collector would only walk them over and over, a fifth of the
+    # scrape's CPU at 10,000 nodes. It is paused for the scrape and restored
+    # however the scrape ends (exhausted, failed, or closed by the server).
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        for metric in registry.collect():
+            if isinstance(metric, RenderedFamily):
+                header = _header(content_type, metric.name, metric.documentation, metric.type)
+                yield header + b"".join(metric.chunks)
+            else:
+                yield _encode(encoder, metric)
+        if content_type.startswith("application/openmetrics-text"):
+            yield EOF_LINE
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hmac
-import itertools
 import logging
+from collections.abc import Iterator
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -44,4 +44,10 @@ def metrics(request: HttpRequest) -> HttpResponse:
     except DatabaseError as exc:
         log.warning("/metrics: database unavailable: %s", exc)
         return HttpResponse("database unavailable\n", status=503, content_type="text/plain")
-    return StreamingHttpResponse(itertools.chain([first], chunks), content_type=content_type)
+    return StreamingHttpResponse(_stream(first, chunks), content_type=content_type)
+
+
+def _stream(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    """A generator, so that the server closing the response closes the scrape too."""
+    yield first
+    yield from rest
