@@ -238,3 +238,16 @@ def test_a_scrape_runs_the_same_queries_whatever_the_fleet_size(
     with django_assert_num_queries(5):
         found = scrape(client)
     assert len(named(found, "llmgw_shard_cpu_cores")) == 4 * count
+
+
+def test_a_database_failure_is_answered_503_not_a_cut_off_body(client, db, redis_client, monkeypatch):
+    from django.db import OperationalError
+
+    from nodes.metrics import inventory
+
+    def unavailable():
+        raise OperationalError("the database is down")
+
+    monkeypatch.setattr(inventory, "read", unavailable)
+    response = client.get("/metrics")
+    assert response.status_code == 503

@@ -120,3 +120,23 @@ def test_a_row_is_rendered_again_only_when_it_changed():
     assert rendered == [("a", 1), ("b", 2), ("b", 3)]
     cache.refresh([("b", 3)])
     assert list(cache.entries) == [("b", 3)]
+
+
+@pytest.mark.parametrize(
+    ("accept", "content_type"),
+    [
+        ("application/openmetrics-text; version=abc", "text/plain; version=0.0.4"),
+        ("text/plain; version=x.y", "text/plain; version=0.0.4"),
+        ("*/*", "text/plain; version=0.0.4"),
+        ("application/openmetrics-text; version=0.0.1", "text/plain; version=0.0.4"),
+        ("text/plain; version=1.0.0; escaping=allow-utf-8", "text/plain; version=1.0.0"),
+        ("application/openmetrics-text; version=2.0.0", "application/openmetrics-text; version=2.0.0"),
+    ],
+)
+def test_any_accept_header_gets_a_readable_answer(client, populated, accept, content_type):
+    response = client.get("/metrics", headers={"Accept": accept})
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith(content_type)
+    text = body(response)
+    parse = parse_openmetrics if content_type.startswith("application/openmetrics-text") else parse_text
+    assert any(family.name == "llmgw_node_cpus" for family in parse(text))

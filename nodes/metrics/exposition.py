@@ -61,7 +61,12 @@ def write(registry, accept: str) -> tuple[Iterator[bytes], str]:
 
     The chunks are produced lazily: the collectors run when the first is asked for.
     """
-    encoder, content_type = choose_encoder(accept)
+    try:
+        encoder, content_type = choose_encoder(accept)
+    except (TypeError, ValueError):
+        # prometheus_client compares version numbers it could not parse
+        # ("version=abc"); such a scraper gets the format every scraper reads.
+        encoder, content_type = choose_encoder("")
     return _chunks(registry, encoder, content_type), content_type
 
 
