@@ -72,7 +72,7 @@ class FleetCollector:
         yield rendered(
             families.LAST_HEARTBEAT,
             [
-                f"{heartbeat}{node[3]} {floatToGoString(row[-1].timestamp())}\n".encode()
+                f"{heartbeat}{node[3]} {floatToGoString(row[-1])}\n".encode()
                 for node, row in zip(nodes, inv.nodes, strict=True)
                 if row[-1] is not None
             ],

@@ -5,12 +5,14 @@ over one row per GPU here: at 10,000 nodes of 8 GPUs that is 10,000 rows
 instead of 80,000 model instances. The querysets are built by the ORM, but
 the bulky ones are read as the driver returns them: Django's per-row
 converters cost as much as the queries themselves at that size, and these
-columns (text and integers; PostgreSQL returns sums as Decimal) need none.
+columns (text and integers; PostgreSQL returns sums as Decimal) need none
+but the last heartbeat, converted here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from django.db import connections
 from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
@@ -38,7 +40,7 @@ NODE_FIELDS = (
 class Inventory:
     """Rows, not model instances: a scrape only formats them."""
 
-    nodes: list[tuple]  # NODE_FIELDS
+    nodes: list[tuple]  # NODE_FIELDS, last_heartbeat as seconds since the epoch
     gpus: list[tuple]  # node, class, count, free, memory
     disks: list[tuple]  # node, free, size (non-shared filesystems; nodes with any filesystem)
     allocations: list[tuple]  # node, shard, replica, model, memory_gb, gpus
@@ -52,8 +54,10 @@ def read() -> Inventory:
     # half the time of a join or a correlated count over 40,000 allocations.
     claims = dict(raw_rows(GPUClaim.objects.order_by().values_list("allocation_id").annotate(count=Count("*"))))
     return Inventory(
-        # Through the ORM: last_heartbeat needs its converter (SQLite returns text).
-        nodes=list(Node.objects.order_by().values_list(*NODE_FIELDS)),
+        nodes=[
+            (*row[:-1], heartbeat_seconds(row[-1]))
+            for row in raw_rows(Node.objects.order_by().values_list(*NODE_FIELDS))
+        ],
         gpus=raw_rows(
             GPU.objects.order_by()
             .values_list("node_id", "gpu_class")
@@ -78,6 +82,17 @@ def read() -> Inventory:
             )
         ],
     )
+
+
+def heartbeat_seconds(value: datetime | str | None) -> float | None:
+    """A DateTimeField as the driver returns it: PostgreSQL a datetime, SQLite UTC as ISO text."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=UTC)
+    return value.timestamp()
 
 
 def raw_rows(queryset: QuerySet) -> list[tuple]:
