@@ -142,3 +142,20 @@ def test_prometheus_scrapes_the_fleet_and_reads_the_values_back(cluster, redis_c
 
     wait_until(lost_alert, 30, "the LLMGWNodeLost alert")
     assert [a["labels"]["node"] for a in lost_alert()] == ["lost-1"]
+
+
+def test_promtool_finds_nothing_to_say_about_a_scrape_over_http(cluster, redis_client, live_server, settings):
+    settings.LLMGW_METRICS_TOKEN = TOKEN
+    allocate(cluster["ready-1"], "s-0", "r-0", [0], model="m")
+    loadstore.save(
+        "ready-1", protocol.Load(cpu_percent=1, cpus=2, shards=[protocol.ShardLoad(shard="s-0")]), time.time()
+    )
+    request = urllib.request.Request(
+        f"{live_server.url}/metrics",
+        headers={"Authorization": f"Bearer {TOKEN}", "Accept": "text/plain; version=0.0.4"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read()
+    assert b"llmgw_shard_cpu_cores{" in text
+    result = subprocess.run([shutil.which("promtool"), "check", "metrics"], input=text, capture_output=True, timeout=60)
+    assert (result.returncode, result.stdout + result.stderr) == (0, b"")
