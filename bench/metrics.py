@@ -13,7 +13,7 @@ Redis round trip are done, and in all) with the Accept header Prometheus sends.
 CPU seconds (the worker's, and prometheus_client's) are given beside wall
 seconds: on a machine shared with other work they move far less.
 
-Run alone: .venv/bin/python bench/metrics.py [--sizes 1000,10000] [--scrapes 15]
+Run alone: .venv/bin/python bench/metrics.py [--sizes 1000,10000] [--scrapes 15] [--database-url URL]
 Prints a Markdown table and writes bench/results/metrics.json.
 """
 
@@ -41,9 +41,9 @@ PROMETHEUS_ACCEPT = (
 )
 
 
-def setup_django(var: Path, redis_url: str) -> dict[str, str]:
+def setup_django(var: Path, redis_url: str, database_url: str | None) -> dict[str, str]:
     env = {
-        "DATABASE_URL": f"sqlite:///{var / 'bench.sqlite3'}",
+        "DATABASE_URL": database_url or f"sqlite:///{var / 'bench.sqlite3'}",
         "LLMGW_VAR_DIR": str(var),
         "REDIS_URL": redis_url,
         "DEBUG": "false",
@@ -217,6 +217,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1000,10000")
     parser.add_argument("--scrapes", type=int, default=15)
+    parser.add_argument(
+        "--database-url",
+        help="an existing database to fill (its nodes are deleted first); default: SQLite in a temporary directory",
+    )
     args = parser.parse_args()
 
     from tests.services import RedisServer
@@ -229,7 +233,7 @@ def main() -> int:
         var = Path(tmp)
         redis_server = RedisServer(var / "redis").start()
         try:
-            env = setup_django(var, redis_server.url)
+            env = setup_django(var, redis_server.url, args.database_url)
             results = [figure("heartbeat_render_microseconds", render_microseconds(), "µs")]
             for size in (int(s) for s in args.sizes.split(",")):
                 results += measure(size, env, var, args.scrapes)
@@ -240,7 +244,7 @@ def main() -> int:
     print("| --- | ---: | --- | ---: |")
     for r in results:
         print(f"| {r['name']} | {r['value']} | {r['unit']} | {'' if r['target'] is None else r['target']} |")
-    out = ROOT / "bench" / "results" / "metrics.json"
+    out = ROOT / "bench" / "results" / ("metrics.json" if not args.database_url else "metrics-database-url.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -94,9 +94,9 @@ def rendered(family: Family, chunks: list[bytes]) -> RenderedFamily:
 class Scrape:
     """One scrape's data, all read before anything is written."""
 
-    def __init__(self, inv: inventory.Inventory, loads_: list, counters: dict, redis_ok: bool):
+    def __init__(self, inv: inventory.Inventory, fresh: list, counters: dict, redis_ok: bool):
         self.inventory = inv
-        self.loads = loads_
+        self.loads = fresh
         self.counters = counters
         self.redis_ok = redis_ok
 
