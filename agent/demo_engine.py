@@ -100,6 +100,7 @@ class Engine:
 class Handler(BaseHTTPRequestHandler):
     engine: Engine
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
 
     def do_GET(self):
         if self.path == "/metrics":

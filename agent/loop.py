@@ -77,7 +77,8 @@ class Agent:
         self.beats_sent = 0
         self.beats_failed = 0  # in a row
         self.last_reply: protocol.HeartbeatReply | None = None
-        self._last_complaint = 0.0
+        self.beats_rejected = 0  # in a row
+        self._last_complaint = float("-inf")
 
     # -- start and stop -------------------------------------------------------------------------
 
@@ -129,12 +130,17 @@ class Agent:
         due = time.monotonic() + self.interval
         while not self.stopping.is_set():
             now = time.monotonic()
+            try:
+                if now >= due:
+                    self.sample_now()
+                else:
+                    self.runner.poll()
+            except Exception:
+                # Whatever /proc or a child did, the agent goes on: a node that stops reporting looks dead.
+                log.exception("sampling failed; trying again at the next interval")
             if now >= due:
-                self.sample_now()
                 # Keep to the schedule, but never try to catch up on missed samples.
                 due = max(due + self.interval, now)
-            else:
-                self.runner.poll()
             self.stopping.wait(min(self.tuning.tick, max(due - time.monotonic(), 0)))
 
     # -- discovery -----------------------------------------------------------------------------
@@ -233,14 +239,20 @@ class Agent:
                     return
             try:
                 self.beat_once()
-            except Unavailable as exc:
+            except Rejected as exc:
+                self.beats_rejected += 1
+                self._complain("control plane rejected the heartbeat: %s", exc, first=self.beats_rejected == 1)
+            except Exception as exc:
+                # Unavailable, or a surprise (a full disk while saving the token): either way the
+                # thread must live on and try again, or the node would go silent while it runs.
+                if not isinstance(exc, Unavailable):
+                    log.exception("heartbeat failed unexpectedly")
                 self._failed(exc)
                 retry = True
                 self.stopping.wait(self._backoff())
                 continue
-            except Rejected as exc:
-                self._complain("control plane rejected the heartbeat: %s", exc)
             else:
+                self.beats_rejected = 0
                 if self.beats_failed:
                     log.info("control plane answers again after %d failed heartbeats", self.beats_failed)
                 self.beats_failed = 0
