@@ -39,6 +39,7 @@ class Sampler:
         self.previous = _Previous()
         # The pids last seen in our shards' groups, so discovery can tell our GPU users from foreign ones.
         self.own_pids: frozenset[int] = frozenset()
+        self.outsiders: dict[int, int] = {}
 
     def sample(self, groups: Mapping[str, int]) -> protocol.Load | None:
         """Read now; return the load since the previous call (None on the first one or if /proc is unreadable).
@@ -47,7 +48,7 @@ class Sampler:
         """
         uptime = procfs.read_uptime(self.proc)
         cpu = procfs.read_cpu(self.proc)
-        processes, _ = procfs.scan_groups(self.proc, set(groups.values()))
+        processes, _ = procfs.scan_groups(self.proc, set(groups.values()), self.outsiders)
         previous, self.previous = self.previous, _Previous(cpu, uptime, {(p.pid, p.start): p.ticks for p in processes})
         self.own_pids = frozenset(p.pid for p in processes)
         if cpu is None or uptime is None or previous.cpu is None or previous.uptime is None:

@@ -42,6 +42,7 @@ class ProcStat:
 
     pid: int
     pgrp: int
+    session: int
     ticks: int  # utime + stime
     start: int  # start time in ticks since boot: with the pid, names the process uniquely
     rss_pages: int
@@ -104,20 +105,33 @@ def read_uptime(proc: Path) -> float | None:
         return None
 
 
-def scan_groups(proc: Path, pgids: set[int]) -> tuple[list[ProcStat], int]:
+def scan_groups(proc: Path, pgids: set[int], outsiders: dict[int, int] | None = None) -> tuple[list[ProcStat], int]:
     """Every process whose process group is one of `pgids`, and how many entries were skipped.
 
-    A process that exits between the directory listing and the read is normal and
-    skipped quietly; a stat line that cannot be parsed is skipped with a warning.
+    Reading /proc/<pid>/stat costs a few microseconds of kernel time per process, so
+    processes already seen outside our shards' sessions are remembered in
+    `outsiders` (pid → inode of /proc/<pid>) and not read again: a process can only
+    join a process group of its own session, and each shard leads its own session,
+    so an outsider stays one for life. The inode, free from the directory listing,
+    changes when the pid is reused, and then the newcomer is read.
+
+    A process that exits between the listing and the read is normal and skipped
+    quietly; a stat line that cannot be parsed is skipped with a warning.
     """
     found: list[ProcStat] = []
     skipped = 0
     if not pgids:
         return found, skipped
     base = os.fspath(proc)
+    known = outsiders if outsiders is not None else {}
+    present: dict[int, int] = {}
     with os.scandir(base) as entries:
-        names = [entry.name for entry in entries if entry.name.isdigit()]
-    for name in names:
+        listing = [(entry.name, entry.inode()) for entry in entries if entry.name.isdigit()]
+    for name, inode in listing:
+        pid = int(name)
+        if known.get(pid) == inode:
+            present[pid] = inode
+            continue
         try:
             fd = os.open(f"{base}/{name}/stat", os.O_RDONLY)
             try:
@@ -137,6 +151,11 @@ def scan_groups(proc: Path, pgids: set[int]) -> tuple[list[ProcStat], int]:
             skipped += 1
         elif stat.pgrp in pgids:
             found.append(stat)
+        elif stat.session not in pgids:
+            present[pid] = inode
+    if outsiders is not None:
+        outsiders.clear()
+        outsiders.update(present)
     return found, skipped
 
 
@@ -152,6 +171,7 @@ def parse_pid_stat(data: bytes) -> ProcStat | None:
         return ProcStat(
             pid=pid,
             pgrp=int(fields[2]),
+            session=int(fields[3]),
             ticks=int(fields[11]) + int(fields[12]),
             start=int(fields[19]),
             rss_pages=max(int(fields[21]), 0),

@@ -59,7 +59,7 @@ def test_gauges_count_running_and_waiting_requests(engine):
     # One slot, three long requests: one runs, two wait.
     threads = [
         threading.Thread(
-            target=requests.post, args=(f"{engine}/v1/completions",), kwargs={"json": {"max_tokens": 40}, "timeout": 30}
+            target=requests.post, args=(f"{engine}/v1/completions",), kwargs={"json": {"max_tokens": 20}, "timeout": 30}
         )
         for _ in range(3)
     ]
@@ -70,7 +70,7 @@ def test_gauges_count_running_and_waiting_requests(engine):
     for thread in threads:
         thread.join(30)
     assert gauges(engine)["vllm:num_requests_running"] == 0
-    assert gauges(engine)["vllm:generation_tokens_total"] >= 120
+    assert gauges(engine)["vllm:generation_tokens_total"] >= 60
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,7 @@ Between the two trees: user 1800, nice 200, system 600, irq 200, softirq 200 (bu
 idle 700, iowait 200, steal 100 (total 4000) and guest 500 ticks, which user already holds;
 uptime advances 10 s. Group 1000: pid 1000 +400 ticks, pid 1001 +300, pid 1002 exited,
 pid 1003 reused by a new process with 150 ticks, pid 1004 born with 50, pid 1005 (alive
-before in group 3000) joined; group 2000: pid 2000 +500.
+before in group 3000 of session 1000) joined; group 2000: pid 2000 +500.
 """
 
 import logging
@@ -129,3 +129,41 @@ def test_counters_that_go_backwards_do_not_give_negative_load(proc):
 def test_parse_pid_stat_counts_fields_from_the_last_parenthesis():
     stat = procfs.parse_pid_stat((FIXTURES / "proc" / "1001" / "stat").read_bytes())
     assert (stat.pid, stat.pgrp, stat.ticks, stat.start, stat.rss_pages) == (1001, 1000, 100, 50010, 12800)
+
+
+def count_reads(monkeypatch) -> list[str]:
+    reads = []
+    real_open = procfs.os.open
+
+    def counting_open(path, flags):
+        reads.append(path)
+        return real_open(path, flags)
+
+    monkeypatch.setattr(procfs.os, "open", counting_open)
+    return reads
+
+
+def test_processes_outside_our_sessions_are_read_once(proc, monkeypatch):
+    outsiders: dict[int, int] = {}
+    procfs.scan_groups(proc, {1000, 2000}, outsiders)
+    assert set(outsiders) == {1}, "pid 1 is in a session of its own; 1005 is in ours and may still join"
+    reads = count_reads(monkeypatch)
+    # Changed in place (same process, same inode): not read again, so not seen to change.
+    (proc / "1" / "stat").write_text((proc / "1" / "stat").read_text().replace(" 1 1 0 -1", " 1000 1000 0 -1", 1))
+    found, _ = procfs.scan_groups(proc, {1000, 2000}, outsiders)
+    assert not any(path.endswith("/1/stat") for path in reads)
+    assert 1 not in {p.pid for p in found}
+
+
+def test_a_reused_outsider_pid_is_read_again(proc, monkeypatch):
+    outsiders: dict[int, int] = {}
+    procfs.scan_groups(proc, {1000}, outsiders)
+    # A new process on pid 1, in our group: a new /proc/1 directory, so a new inode.
+    newcomer = proc / "1.new"
+    newcomer.mkdir()
+    (newcomer / "stat").write_text("1 (child) S 1000 1000 1000 0 -1 0 0 0 0 0 7 3 0 0 20 0 1 0 99999 1 10 0\n")
+    shutil.rmtree(proc / "1")
+    newcomer.rename(proc / "1")
+    found, _ = procfs.scan_groups(proc, {1000}, outsiders)
+    assert 1 in {p.pid for p in found}
+    assert 1 not in outsiders
