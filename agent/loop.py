@@ -19,7 +19,7 @@ from pathlib import Path
 import requests
 
 from agent import config as agent_config
-from agent import protocol
+from agent import leftovers, protocol
 from agent.client import ControlPlane, Rejected, TokenStore, Unauthorized, Unavailable
 from agent.discovery import Discoverer, inventory_hash
 from agent.load import Sampler
@@ -60,7 +60,9 @@ class Agent:
         self.state_dir = Path(config.state_dir)
         self.sampler = Sampler(roots.proc)
         self.discoverer = Discoverer(config, roots)
-        self.runner = Runner(self.state_dir / "logs", env=config.env, grace=tuning.grace)
+        self.runner = Runner(
+            self.state_dir / "logs", env=config.env, grace=tuning.grace, record_file=self.state_dir / "groups.json"
+        )
         self.client = ControlPlane(config.control_plane, tuning.connect_timeout, tuning.read_timeout, session)
         self.tokens = TokenStore(self.state_dir)
         self.configured_shards = agent_config.shard_specs(config)
@@ -87,6 +89,7 @@ class Agent:
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._set_inventory(self.discoverer.discover(strict=True))
         if run_shards:
+            leftovers.reap(self.runner.record_file, self.tuning.grace)
             self.runner.reconcile(self.configured_shards)
         self.sampler.sample(self.runner.process_groups())
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import protocol
+from agent import leftovers, protocol
 
 log = logging.getLogger("agent.runner")
 
@@ -38,6 +38,7 @@ class Shard:
     detail: str = ""
     started_at: float = 0.0
     next_start: float = 0.0
+    leader_start: int | None = None  # the leader's start time in ticks since boot, for leftovers
     backoff: float = 0.0
     # While stopping: when SIGKILL follows, and what happens once the group is gone.
     kill_at: float | None = None
@@ -55,8 +56,12 @@ class Runner:
         backoff_cap: float = 60.0,
         stable_after: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        record_file: Path | None = None,
     ):
         self.log_dir = Path(log_dir)
+        # Where live groups are recorded for the next agent (agent/leftovers.py); None records nothing.
+        self.record_file = record_file
+        self._recorded: dict[str, tuple[int, int]] = {}
         self.env = {**os.environ, **(env or {})}
         self.grace = grace
         self.backoff_base = backoff_base
@@ -90,6 +95,7 @@ class Runner:
                         shard.spec, shard.then = spec, None
                         shard.restarts, shard.backoff, shard.exit_code = 0, 0.0, None
                         self._start(shard)
+            self._record()
 
     def poll(self) -> None:
         """Notice exits, escalate overdue stops, start what is due. Cheap; call it every tick."""
@@ -100,7 +106,7 @@ class Runner:
                 if shard.kill_at is not None:
                     if alive and now >= shard.kill_at:
                         log.warning("shard %s did not stop within %g s; killing its group", shard_id, self.grace)
-                        _signal_group(shard.process.pid, signal.SIGKILL)
+                        leftovers.signal_group(shard.process.pid, signal.SIGKILL)
                         shard.kill_at = now + self.grace
                     elif not alive:
                         self._stopped(shard_id, shard)
@@ -113,6 +119,7 @@ class Runner:
                 elif shard.state in ("exited", "failed") and now >= shard.next_start:
                     shard.restarts += 1
                     self._start(shard, restarting=True)
+            self._record()
 
     def statuses(self) -> list[protocol.ShardStatus]:
         with self.lock:
@@ -144,17 +151,18 @@ class Runner:
         with self.lock:
             processes = [s.process for s in self.shards.values() if s.process is not None and s.process.poll() is None]
             for process in processes:
-                _signal_group(process.pid, signal.SIGTERM)
+                leftovers.signal_group(process.pid, signal.SIGTERM)
             deadline = time.monotonic() + grace
             for process in processes:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     process.wait(max(deadline - time.monotonic(), 0))
             for process in processes:
                 # The leader may be gone while children it forked still hold the group.
-                _signal_group(process.pid, signal.SIGKILL)
+                leftovers.signal_group(process.pid, signal.SIGKILL)
                 process.wait()
             for shard in self.shards.values():
                 shard.state, shard.kill_at = "stopped", None
+            self._record()
 
     # -- transitions ---------------------------------------------------------------------------
 
@@ -183,12 +191,13 @@ class Runner:
             return
         shard.state = "restarting" if restarting else "starting"
         shard.started_at = self.clock()
+        shard.leader_start = leftovers.start_time(shard.process.pid)
         log.info("shard %s: started pid %d: %s", spec.shard, shard.process.pid, " ".join(spec.command))
 
     def _exited(self, shard: Shard, now: float) -> None:
         code = shard.process.returncode
         # Children the engine forked may outlive it and hold its port; the group goes with its leader.
-        _signal_group(shard.process.pid, signal.SIGKILL)
+        leftovers.signal_group(shard.process.pid, signal.SIGKILL)
         shard.exit_code = code
         shard.state = "exited"
         shard.detail = f"exited with code {code}" if code >= 0 else f"killed by signal {-code}"
@@ -204,12 +213,12 @@ class Runner:
             shard.kill_at = self.clock()
             return
         if shard.kill_at is None:
-            _signal_group(shard.process.pid, signal.SIGTERM)
+            leftovers.signal_group(shard.process.pid, signal.SIGTERM)
             shard.kill_at = self.clock() + self.grace
 
     def _stopped(self, shard_id: str, shard: Shard) -> None:
         if shard.process is not None:
-            _signal_group(shard.process.pid, signal.SIGKILL)
+            leftovers.signal_group(shard.process.pid, signal.SIGKILL)
         shard.kill_at = None
         if shard.remove:
             del self.shards[shard_id]
@@ -220,6 +229,18 @@ class Runner:
             self._start(shard)
         else:
             shard.state = "stopped"
+
+    def _record(self) -> None:
+        if self.record_file is None:
+            return
+        live = {
+            shard_id: (shard.process.pid, shard.leader_start)
+            for shard_id, shard in self.shards.items()
+            if shard.process is not None and shard.leader_start is not None and shard.state != "stopped"
+        }
+        if live != self._recorded:
+            leftovers.record(self.record_file, live)
+            self._recorded = live
 
     def _logfile(self, shard_id: str):
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -241,8 +262,3 @@ def _ready(shard: Shard) -> bool:
             return True
     except OSError:
         return False
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)

@@ -7,6 +7,8 @@ import msgspec
 
 from agent import protocol
 from agent.client import TokenStore
+from agent.loop import Tuning
+from tests.agent.conftest import FAST
 from tests.services import wait_until
 
 
@@ -132,3 +134,32 @@ def test_the_reply_interval_is_used(plane, make_agent):
     plane.interval = 0.02
     agent = make_agent(plane).start()
     wait_until(lambda: agent.interval == 0.02, 10, "the new interval")
+
+
+def test_a_change_found_by_rediscovery_is_sent(plane, make_agent, tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    tuning = Tuning(**{**FAST.__dict__, "rediscover_every": 0.05})
+    make_agent(plane, tuning=tuning, model_dirs=[str(models)]).start()
+    wait_until(lambda: plane.accepted() >= 1, 10, "a heartbeat")
+    (models / "new.gguf").write_bytes(b"x")
+
+    def weights_sent():
+        return any(
+            b.inventory and [w.path for w in b.inventory.weights] == [str(models / "new.gguf")]
+            for b in list(plane.heartbeats)
+        )
+
+    wait_until(weights_sent, 10, "the new weights in a heartbeat")
+
+
+def test_engine_groups_left_by_a_killed_agent_are_stopped_at_start(plane, make_agent, tmp_path):
+    shard = {"shard": "s1", "engine": "command", "command": ["sleep", "60"]}
+    first = make_agent(plane, shards=[shard])
+    first.start_up()
+    pid = first.runner.process_groups()["s1"]
+    # The first agent is SIGKILLed: nothing stops its engine. The next one starts.
+    second = make_agent(plane, shards=[shard]).start()
+    wait_until(lambda: second.runner.process_groups().get("s1") not in (None, pid), 10, "a new engine")
+    first.runner.poll()
+    assert first.runner.shards["s1"].process.returncode is not None, "the old engine still runs"

@@ -1,12 +1,15 @@
 """The runner with real processes: groups started, stopped, restarted and killed."""
 
+import json
 import os
 import signal
+import subprocess
 import sys
 
 import pytest
 
-from agent import protocol
+from agent import leftovers, protocol
+from agent import runner as runner_module
 from agent.runner import Runner
 from tests.services import wait_until
 
@@ -170,3 +173,49 @@ def test_starting_until_the_port_answers(runner, tmp_path):
     assert status(runner, "a").state == "starting"
     assert status(runner, "a").metrics_port == port
     wait_until(lambda: polled(runner, lambda: status(runner, "a").state == "running"), 10, "the port to answer")
+
+
+def test_groups_left_by_a_killed_agent_are_stopped_by_the_next(tmp_path):
+    record = tmp_path / "groups.json"
+    crashed = Runner(tmp_path / "logs", record_file=record)
+    crashed.reconcile([spec("a", FAMILY)])
+    pgid = crashed.process_groups()["a"]
+    wait_until(lambda: len(group_members(pgid)) == 3, 5, "the group to form")
+    # The agent dies without stopping anything; the next one starts.
+    assert leftovers.reap(record, grace=2) == ["a"]
+    assert not group_members(pgid)
+    crashed.poll()  # reap our own child, as the dead agent never could
+
+
+def test_a_recorded_pid_now_used_by_another_process_is_left_alone(tmp_path):
+    other = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        record = tmp_path / "groups.json"
+        leftovers.record(record, {"a": (other.pid, leftovers.start_time(other.pid) + 1)})
+        assert leftovers.reap(record, grace=1) == []
+        assert other.poll() is None
+        assert not record.exists()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_the_record_follows_the_live_groups(tmp_path):
+    record = tmp_path / "groups.json"
+    runner = Runner(tmp_path / "logs", record_file=record, grace=0.5)
+    runner.reconcile([spec("a", "sleep 60"), spec("b", "sleep 60")])
+    assert set(json.loads(record.read_text())) == {"a", "b"}
+    runner.reconcile([spec("b", "sleep 60")])
+    wait_until(lambda: polled(runner, lambda: set(json.loads(record.read_text())) == {"b"}), 5, "a to leave the record")
+    runner.stop_all()
+    assert json.loads(record.read_text()) == {}
+
+
+def test_a_large_log_is_rotated_at_start(runner, tmp_path, monkeypatch):
+    monkeypatch.setattr(runner_module, "MAX_LOG_BYTES", 100)
+    log = tmp_path / "logs" / "a.log"
+    log.parent.mkdir()
+    log.write_bytes(b"x" * 200)
+    runner.reconcile([spec("a", "echo fresh; exec sleep 60")])
+    wait_until(lambda: log.read_bytes() == b"fresh\n", 5, "a fresh log")
+    assert (tmp_path / "logs" / "a.log.1").read_bytes() == b"x" * 200
