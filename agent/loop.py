@@ -67,6 +67,7 @@ class Agent:
         self.tokens = TokenStore(self.state_dir)
         self.configured_shards = agent_config.shard_specs(config)
 
+        self.started = False
         self.stopping = threading.Event()
         self.changed = threading.Condition()
         self.latest: protocol.Load | None = None
@@ -86,6 +87,9 @@ class Agent:
 
     def start_up(self, run_shards: bool = True) -> None:
         """Discover (strictly: a missing adapter raises), start the configured shards, take the first reading."""
+        if self.started:
+            return
+        self.started = True
         self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._set_inventory(self.discoverer.discover(strict=True))
         if run_shards:
@@ -94,7 +98,7 @@ class Agent:
         self.sampler.sample(self.runner.process_groups())
 
     def run(self) -> int:
-        """Run until stop(); then stop every engine group and return 0."""
+        """Start up if not yet done, run until stop(); then stop every engine group and return 0."""
         self.start_up()
         threads = [
             threading.Thread(target=self._beat_loop, name="beat", daemon=True),

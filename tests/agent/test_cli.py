@@ -70,7 +70,7 @@ def test_sigterm_stops_every_engine_group_and_exits_0(tmp_path, plane):
     process = agent("--config", str(config))
     wait_until(lambda: plane.accepted() >= 1 and len(plane.heartbeats[-1].shards) == 2, 30, "both shards reported")
     pgids = [s.pid for s in plane.heartbeats[-1].shards]
-    assert all(len(group_members(pgid)) == 3 for pgid in pgids)
+    wait_until(lambda: all(len(group_members(pgid)) == 3 for pgid in pgids), 10, "each leader and its two children")
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=30)
     assert process.returncode == 0, err
