@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = agent_config.load(args.config)
         agent = Agent(config)
+        if not args.once:
+            # Installed before start-up, which starts engines: a SIGTERM from then on stops them.
+            signal.signal(signal.SIGTERM, lambda signum, frame: agent.stop())
+            signal.signal(signal.SIGINT, lambda signum, frame: agent.stop())
         agent.start_up(run_shards=not args.once)
     except (agent_config.ConfigError, MissingAdapter) as exc:
         print(f"agent: {args.config}: {exc}", file=sys.stderr)
@@ -36,12 +40,6 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.once:
         return once(agent, send=not args.print)
-
-    def on_signal(signum, frame):
-        agent.stop()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     return agent.run()
 
 

@@ -35,7 +35,10 @@ class _Strict(msgspec.Struct, forbid_unknown_fields=True):
 
 class FabricConfig(_Strict):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.MAX_TEXT)]
-    hcas: Annotated[list[str], msgspec.Meta(min_length=1, max_length=protocol.MAX_HCAS)]
+    hcas: Annotated[
+        list[Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.MAX_TEXT)]],
+        msgspec.Meta(min_length=1, max_length=protocol.MAX_HCAS),
+    ]
     rate_gbps: Annotated[int, msgspec.Meta(ge=0, le=100_000)] | None = None
 
 
@@ -60,7 +63,13 @@ class Config(_Strict):
     labels: dict[str, str] = {}
     model_dirs: list[str] = []
     fabrics: Annotated[list[FabricConfig], msgspec.Meta(max_length=protocol.MAX_FABRICS)] = []
-    engines: dict[str, Command] | None = None
+    engines: (
+        Annotated[
+            dict[Annotated[str, msgspec.Meta(max_length=protocol.MAX_TEXT)], Command],
+            msgspec.Meta(max_length=protocol.MAX_ENGINES),
+        ]
+        | None
+    ) = None
     shards: Annotated[list[ShardConfig], msgspec.Meta(max_length=protocol.MAX_SHARDS)] = []
     env: dict[str, str] = {}
 
@@ -129,7 +138,7 @@ def _check(config: Config) -> None:
     url = urlparse(config.control_plane)
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ConfigError(f"control_plane: expected an http:// or https:// URL, got {config.control_plane!r}")
-    if config.node_id and (len(config.node_id) > protocol.MAX_ID or not _NODE_ID.match(config.node_id)):
+    if config.node_id and not valid_id(config.node_id):
         raise ConfigError("node_id: expected letters, digits and . _ : - (starting with a letter or digit)")
     if config.join_token and config.join_token_file:
         raise ConfigError("join_token_file: give join_token or join_token_file, not both")
@@ -152,7 +161,7 @@ def _check(config: Config) -> None:
     seen = set()
     for i, shard in enumerate(config.shards):
         where = f"shards[{i}]"
-        if not _NODE_ID.match(shard.shard) or len(shard.shard) > protocol.MAX_ID:
+        if not valid_id(shard.shard):
             raise ConfigError(f"{where}.shard: expected letters, digits and . _ : - (starting with a letter or digit)")
         if shard.shard in seen:
             raise ConfigError(f"{where}.shard: {shard.shard!r} is given twice")
@@ -166,6 +175,11 @@ def _check(config: Config) -> None:
     names = [fabric.name for fabric in config.fabrics]
     if len(set(names)) != len(names):
         raise ConfigError("fabrics: a fabric name is given twice")
+
+
+def valid_id(value: str) -> bool:
+    """Whether `value` can name a node or shard on the wire (protocol.NodeId)."""
+    return 0 < len(value) <= protocol.MAX_ID and bool(_NODE_ID.match(value))
 
 
 def shard_specs(config: Config) -> list[protocol.ShardSpec]:

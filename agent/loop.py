@@ -90,7 +90,10 @@ class Agent:
         if self.started:
             return
         self.started = True
-        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise agent_config.ConfigError(f"state_dir: cannot create {self.state_dir}: {exc.strerror}") from None
         self._set_inventory(self.discoverer.discover(strict=True))
         if run_shards:
             leftovers.reap(self.runner.record_file, self.tuning.grace)
@@ -227,7 +230,17 @@ class Agent:
         self.inventory_wanted = reply.inventory_wanted
         self._set_interval(reply.heartbeat_interval)
         # None: the control plane does not manage shards, so the config's run; a list: exactly those.
-        self.runner.reconcile(self.configured_shards if reply.shards is None else reply.shards)
+        self.runner.reconcile(self.configured_shards if reply.shards is None else self._runnable(reply.shards))
+
+    def _runnable(self, specs: list[protocol.ShardSpec]) -> list[protocol.ShardSpec]:
+        """Specs the agent can run and report on; another would make every later heartbeat invalid."""
+        runnable = []
+        for spec in specs[: protocol.MAX_SHARDS]:
+            if not agent_config.valid_id(spec.shard) or not spec.command:
+                self._complain("ignoring shard %r from the control plane: bad id or empty command", spec.shard)
+                continue
+            runnable.append(spec)
+        return runnable
 
     def _set_interval(self, seconds: float) -> None:
         if 0 < seconds <= 3600 and seconds != self.interval:

@@ -95,3 +95,14 @@ def test_the_unit_runs_the_documented_command():
     unit = (ROOT / "deploy" / "llmgw-agent.service").read_text()
     assert "-m agent --config /etc/llmgw/agent.yaml" in unit
     assert "RestartPreventExitStatus=2" in unit  # a bad config is not retried every few seconds
+
+
+def test_a_state_dir_that_cannot_be_made_exits_2(tmp_path):
+    config = write_config(tmp_path, "http://127.0.0.1:9")
+    config.write_text(config.read_text().replace(str(tmp_path / "state"), "/proc/no/state"))
+    process = agent("--config", str(config))
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 2
+    assert err.strip().splitlines() == [
+        f"agent: {config}: state_dir: cannot create /proc/no/state: No such file or directory"
+    ]

@@ -163,3 +163,16 @@ def test_engine_groups_left_by_a_killed_agent_are_stopped_at_start(plane, make_a
     wait_until(lambda: second.runner.process_groups().get("s1") not in (None, pid), 10, "a new engine")
     first.runner.poll()
     assert first.runner.shards["s1"].process.returncode is not None, "the old engine still runs"
+
+
+def test_a_shard_the_agent_could_not_report_on_is_ignored(plane, make_agent, caplog):
+    agent = make_agent(plane).start()
+    plane.shards = [
+        protocol.ShardSpec(shard="bad/id", replica="r", model="m", engine="command", command=["sleep", "60"]),
+        protocol.ShardSpec(shard="empty", replica="r", model="m", engine="command", command=[]),
+        protocol.ShardSpec(shard="good", replica="r", model="m", engine="command", command=["sleep", "60"]),
+    ]
+    wait_until(lambda: set(agent.runner.process_groups()) == {"good"}, 10, "only the good shard")
+    count = plane.accepted()
+    wait_until(lambda: plane.accepted() >= count + 2, 10, "heartbeats still accepted")
+    assert "ignoring shard 'bad/id'" in caplog.text
