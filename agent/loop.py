@@ -77,9 +77,7 @@ class Agent:
         self.acknowledged_hash = ""
         self.inventory_wanted = False
         self.token: str | None = None
-        self.beats_sent = 0
         self.beats_failed = 0  # in a row
-        self.last_reply: protocol.HeartbeatReply | None = None
         self.beats_rejected = 0  # in a row
         self._last_complaint = float("-inf")
 
@@ -226,7 +224,6 @@ class Agent:
         return registered.token
 
     def _apply(self, reply: protocol.HeartbeatReply) -> None:
-        self.last_reply = reply
         self.inventory_wanted = reply.inventory_wanted
         self._set_interval(reply.heartbeat_interval)
         # None: the control plane does not manage shards, so the config's run; a list: exactly those.
@@ -276,7 +273,6 @@ class Agent:
                 if self.beats_failed:
                     log.info("control plane answers again after %d failed heartbeats", self.beats_failed)
                 self.beats_failed = 0
-                self.beats_sent += 1
             retry = False
 
     def _failed(self, exc: Exception) -> None:

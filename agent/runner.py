@@ -69,6 +69,7 @@ class Runner:
         self.stable_after = stable_after
         self.clock = clock
         self.shards: dict[str, Shard] = {}
+        self.closed = False
         self.lock = threading.RLock()
 
     # -- what the agent asks -------------------------------------------------------------------
@@ -77,6 +78,9 @@ class Runner:
         """Make the running set exactly `desired`: start new shards, stop others, restart changed ones."""
         wanted = {spec.shard: spec for spec in desired}
         with self.lock:
+            if self.closed:
+                # A heartbeat reply that lands while the agent stops must not start anything again.
+                return
             for shard_id, shard in list(self.shards.items()):
                 if shard_id not in wanted:
                     shard.then, shard.remove = None, True
@@ -146,9 +150,10 @@ class Runner:
             }
 
     def stop_all(self, grace: float | None = None) -> None:
-        """SIGTERM every group, SIGKILL what is left after the grace period, and wait for them all."""
+        """SIGTERM every group, SIGKILL what is left after the grace period, wait for them all; start nothing after."""
         grace = self.grace if grace is None else grace
         with self.lock:
+            self.closed = True
             processes = [s.process for s in self.shards.values() if s.process is not None and s.process.poll() is None]
             for process in processes:
                 leftovers.signal_group(process.pid, signal.SIGTERM)

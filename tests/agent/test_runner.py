@@ -219,3 +219,11 @@ def test_a_large_log_is_rotated_at_start(runner, tmp_path, monkeypatch):
     runner.reconcile([spec("a", "echo fresh; exec sleep 60")])
     wait_until(lambda: log.read_bytes() == b"fresh\n", 5, "a fresh log")
     assert (tmp_path / "logs" / "a.log.1").read_bytes() == b"x" * 200
+
+
+def test_nothing_starts_after_stop_all(runner):
+    runner.reconcile([spec("a", "sleep 60")])
+    runner.stop_all(grace=0.5)
+    runner.reconcile([spec("a", "sleep 61"), spec("b", "sleep 60")])
+    runner.poll()
+    assert runner.process_groups() == {}
