@@ -1,5 +1,6 @@
 """Every documented key, read from a file; every bad file, one line and exit code 2."""
 
+import io
 import re
 import subprocess
 import sys
@@ -190,3 +191,15 @@ def test_a_bad_config_exits_2_with_one_line_and_no_traceback(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"agent: {path}: interval: expected `float`, got `str`"]
     assert done.stdout == ""
+
+
+def test_the_config_setup_demo_writes_for_make_run_loads(tmp_path):
+    from django.core.management import call_command
+
+    (tmp_path / "join-token").write_text("demo-join")  # scripts/stack.py writes it before the agent starts
+    call_command("setup_demo", var_dir=str(tmp_path), control_plane="http://127.0.0.1:8123", stdout=io.StringIO())
+    config = agent_config.load(tmp_path / "agent.yaml")
+    assert config.control_plane == "http://127.0.0.1:8123"
+    assert config.read_join_token() == "demo-join"
+    assert config.state_dir == str(tmp_path / "agent-state")
+    assert config.labels == {"role": "demo"}
