@@ -8,6 +8,7 @@ plane asked for it.
 from __future__ import annotations
 
 import hashlib
+import logging
 import socket
 import time
 from collections.abc import Set
@@ -20,6 +21,7 @@ from agent.config import Config
 from agent.discovery import engines, fabrics, gpus, host, storage
 
 MissingAdapter = fabrics.MissingAdapter
+log = logging.getLogger("agent.discovery")
 
 
 class Discoverer:
@@ -40,7 +42,7 @@ class Discoverer:
             self.engine_versions = engines.probe(self.config.engine_commands)
             self.probed_at = time.monotonic()
         filesystems, weights = self.storage.read(self.config.model_dirs)
-        return protocol.Inventory(
+        inventory = protocol.Inventory(
             hostname=socket.gethostname()[: protocol.MAX_TEXT],
             mgmt_addr=management_address(self.config.control_plane),
             labels=dict(self.config.labels),
@@ -55,6 +57,26 @@ class Discoverer:
             weights_scanned=bool(self.config.model_dirs),
             fabrics=fabric_list,
         )
+        return fit(inventory)
+
+
+# The inventory's share of a heartbeat body; the rest of MAX_BODY_BYTES is room for load and shard statuses.
+INVENTORY_BUDGET = protocol.MAX_BODY_BYTES * 3 // 4
+
+
+def fit(inventory: protocol.Inventory, budget: int = INVENTORY_BUDGET) -> protocol.Inventory:
+    """Drop weights from the end until the inventory fits its budget: a body the control plane
+    refuses for its size would be refused on every beat, and the node would never report."""
+    size = len(protocol.encode(inventory))
+    if size <= budget:
+        return inventory
+    weights = inventory.weights
+    keep = len(weights)
+    while keep and size > budget:
+        keep = keep * budget // size * 9 // 10
+        size = len(protocol.encode(msgspec.structs.replace(inventory, weights=weights[:keep])))
+    log.warning("inventory too large for a heartbeat: reporting %d of %d weights", keep, len(weights))
+    return msgspec.structs.replace(inventory, weights=weights[:keep])
 
 
 def inventory_hash(inventory: protocol.Inventory) -> str:

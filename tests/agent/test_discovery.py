@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from agent import config as agent_config
-from agent import procfs, protocol
+from agent import discovery, procfs, protocol
 from agent.discovery import Discoverer, engines, fabrics, gpus, host, inventory_hash, storage
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -269,3 +269,15 @@ def test_without_model_dirs_the_node_says_it_never_looked():
     inventory = Discoverer(make_config(engines={}), ROOTS).discover()
     assert not inventory.weights_scanned and inventory.weights == [] and inventory.filesystems == []
     assert inventory.engines_probed and inventory.engine_versions == {}
+
+
+def test_an_inventory_too_large_for_a_heartbeat_is_trimmed(caplog):
+    weights = [protocol.Weights(path="/models/" + f"{i:04}" * 200, size_bytes=1, format="gguf") for i in range(1024)]
+    inventory = protocol.Inventory(hostname="h", weights=weights)
+    assert len(protocol.encode(inventory)) > protocol.MAX_BODY_BYTES
+    trimmed = discovery.fit(inventory)
+    assert len(protocol.encode(trimmed)) <= discovery.INVENTORY_BUDGET
+    assert trimmed.weights == weights[: len(trimmed.weights)] and len(trimmed.weights) > 300
+    assert "reporting" in caplog.text
+    small = protocol.Inventory(hostname="h", weights=weights[:3])
+    assert discovery.fit(small) is small
