@@ -128,8 +128,8 @@ class Agent:
         self.runner.poll()
         load = self.sampler.sample(self.runner.process_groups())
         with self.changed:
-            if load is not None:
-                self.latest = load
+            # A failed reading replaces the last good one: sending that again would present old load as new.
+            self.latest = load
             self.samples += 1
             self.changed.notify_all()
         return load

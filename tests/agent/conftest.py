@@ -6,6 +6,7 @@ import pytest
 
 from agent import config as agent_config
 from agent.loop import Agent, Tuning
+from agent.procfs import REAL, Roots
 from tests.agent.fakecp import FakeControlPlane
 
 # Production timings shrunk so that backoffs and timeouts cost milliseconds.
@@ -32,7 +33,7 @@ def make_agent(tmp_path):
     """Build an agent for the stand-in control plane; `start()` runs it in a thread until the test ends."""
     running = []
 
-    def make(plane: FakeControlPlane, tuning: Tuning = FAST, **extra) -> Agent:
+    def make(plane: FakeControlPlane, tuning: Tuning = FAST, roots: Roots = REAL, **extra) -> Agent:
         token_file = tmp_path / "join-token"
         if not token_file.exists():
             token_file.write_text(plane.join_token)
@@ -47,7 +48,7 @@ def make_agent(tmp_path):
                 **extra,
             }
         )
-        agent = Agent(config, tuning=tuning)
+        agent = Agent(config, roots=roots, tuning=tuning)
 
         def start() -> Agent:
             thread = threading.Thread(target=agent.run, daemon=True)

@@ -1,13 +1,16 @@
 """The agent against a stand-in control plane over real HTTP: registration, tokens, replies, rejections."""
 
 import logging
+import shutil
 import stat
+from pathlib import Path
 
 import msgspec
 
 from agent import protocol
 from agent.client import TokenStore
 from agent.loop import Tuning
+from agent.procfs import Roots
 from tests.agent.conftest import FAST
 from tests.services import wait_until
 
@@ -176,3 +179,17 @@ def test_a_shard_the_agent_could_not_report_on_is_ignored(plane, make_agent, cap
     count = plane.accepted()
     wait_until(lambda: plane.accepted() >= count + 2, 10, "heartbeats still accepted")
     assert "ignoring shard 'bad/id'" in caplog.text
+
+
+def test_when_proc_cannot_be_read_no_load_is_sent_rather_than_an_old_one(plane, make_agent, tmp_path):
+    proc = tmp_path / "proc"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "proc", proc)
+    agent = make_agent(plane, roots=Roots(proc=proc, sys=tmp_path, etc=tmp_path)).start()
+    shutil.rmtree(proc)
+    shutil.copytree(Path(__file__).parent / "fixtures" / "proc-later", proc)
+    wait_until(lambda: any(b.load is not None for b in list(plane.heartbeats)), 10, "a heartbeat with the load")
+    (proc / "stat").write_text("garbage\n")
+    count = plane.accepted()
+    wait_until(lambda: plane.accepted() >= count + 3, 10, "more heartbeats")
+    assert list(plane.heartbeats)[-1].load is None
+    assert agent.beats_failed == 0
