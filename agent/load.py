@@ -48,7 +48,9 @@ class Sampler:
         """
         uptime = procfs.read_uptime(self.proc)
         cpu = procfs.read_cpu(self.proc)
-        processes, _ = procfs.scan_groups(self.proc, set(groups.values()), self.outsiders)
+        processes, skipped = procfs.scan_groups(self.proc, set(groups.values()), self.outsiders)
+        if skipped:
+            log.debug("skipped %d processes that exited or could not be read while /proc was scanned", skipped)
         previous, self.previous = self.previous, _Previous(cpu, uptime, {(p.pid, p.start): p.ticks for p in processes})
         self.own_pids = frozenset(p.pid for p in processes)
         if cpu is None or uptime is None or previous.cpu is None or previous.uptime is None:
