@@ -244,7 +244,12 @@ class Runner:
             if shard.process is not None and shard.leader_start is not None and shard.state != "stopped"
         }
         if live != self._recorded:
-            leftovers.record(self.record_file, live)
+            try:
+                leftovers.record(self.record_file, live)
+            except OSError as exc:
+                # Only a later agent's clean-up depends on it; the engines run on regardless.
+                log.warning("cannot record engine groups in %s: %s", self.record_file, exc.strerror)
+                return
             self._recorded = live
 
     def _logfile(self, shard_id: str):
