@@ -244,7 +244,9 @@ def main() -> int:
     print("| --- | ---: | --- | ---: |")
     for r in results:
         print(f"| {r['name']} | {r['value']} | {r['unit']} | {'' if r['target'] is None else r['target']} |")
-    out = ROOT / "bench" / "results" / ("metrics.json" if not args.database_url else "metrics-database-url.json")
+    # Another database's figures go beside the default run's, named by its scheme (metrics-postgres.json).
+    suffix = f"-{args.database_url.split(':', 1)[0]}" if args.database_url else ""
+    out = ROOT / "bench" / "results" / f"metrics{suffix}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     return 0
