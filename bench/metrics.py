@@ -9,7 +9,8 @@ registry holding those series already built (its families parsed from the
 scrape), which is the floor of any collector that builds sample objects.
 
 The scrape is timed by curl (time to the first byte, when every query and the
-Redis round trip are done, and in all) with the Accept header Prometheus sends.
+Redis round trip are done, and in all) with the Accept and Accept-Encoding
+headers Prometheus sends, so it is gzipped and unpacked as Prometheus'.
 CPU seconds (the worker's, and prometheus_client's) are given beside wall
 seconds: on a machine shared with other work they move far less.
 
@@ -62,18 +63,20 @@ def setup_django(var: Path, redis_url: str, database_url: str | None) -> dict[st
     return env
 
 
-def fetch(url: str, into: Path) -> tuple[float, float]:
-    """(seconds to the first byte, seconds in all) of one scrape by curl, a client as quick as Prometheus' own."""
+def fetch(url: str, into: Path) -> tuple[float, float, int]:
+    """(seconds to the first byte, seconds in all, bytes sent) of one scrape by curl, a client as quick
+    as Prometheus' own, asking for gzip as Prometheus does (and unpacking it, as Prometheus does)."""
     result = subprocess.run(
         [
             "curl",
             "-sf",
+            "--compressed",
             "-H",
             f"Accept: {PROMETHEUS_ACCEPT}",
             "-o",
             str(into),
             "-w",
-            "%{time_starttransfer} %{time_total}",
+            "%{time_starttransfer} %{time_total} %{size_download}",
             url,
         ],
         capture_output=True,
@@ -81,8 +84,8 @@ def fetch(url: str, into: Path) -> tuple[float, float]:
         check=True,
         timeout=60,
     )
-    first, total = result.stdout.split()
-    return float(first), float(total)
+    first, total, sent = result.stdout.split()
+    return float(first), float(total), int(sent)
 
 
 def render_microseconds(runs: int = 20_000) -> float:
@@ -166,11 +169,11 @@ def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dic
         fleet.save_loads(ids, time.time())
         saved = time.perf_counter() - started
         # A worker's first scrape renders every inventory row; later ones reuse the unchanged rows.
-        _, cold = fetch(url, output)
+        _, cold, _ = fetch(url, output)
         times, first_bytes, cpu, after = [], [], [], []
         for _ in range(scrapes):
             used = cpu_seconds(worker)
-            first_byte, seconds = fetch(url, output)
+            first_byte, seconds, sent = fetch(url, output)
             cpu.append(cpu_seconds(worker) - used)
             times.append(seconds)
             first_bytes.append(first_byte)
@@ -196,6 +199,7 @@ def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dic
         figure(f"prometheus_client_text_cpu_seconds_{size}", floors["text"][1], "s"),
         figure(f"series_{size}", series, "series", better="higher"),
         figure(f"scrape_bytes_{size}", len(text.encode()), "bytes"),
+        figure(f"scrape_bytes_gzipped_{size}", sent, "bytes"),
         figure(f"worker_rss_before_mib_{size}", idle_rss / mib, "MiB"),
         figure(f"worker_rss_after_scrapes_max_mib_{size}", max(after) / mib, "MiB"),
         # Bounded: what the second half of the scrapes added to the most the first half reached.

@@ -140,3 +140,14 @@ def test_any_accept_header_gets_a_readable_answer(client, populated, accept, con
     text = body(response)
     parse = parse_openmetrics if content_type.startswith("application/openmetrics-text") else parse_text
     assert any(family.name == "llmgw_node_cpus" for family in parse(text))
+
+
+def test_gzip_when_the_scraper_accepts_it(client, populated):
+    import gzip
+
+    plain = client.get("/metrics", headers={"Accept": TEXT})
+    assert "Content-Encoding" not in plain
+    packed = client.get("/metrics", headers={"Accept": TEXT, "Accept-Encoding": "gzip"})
+    assert packed["Content-Encoding"] == "gzip"
+    assert packed["Vary"] == "Accept-Encoding"
+    assert gzip.decompress(b"".join(packed.streaming_content)).decode() == body(plain)

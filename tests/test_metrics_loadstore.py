@@ -42,14 +42,14 @@ def test_registering_the_collector_runs_no_query(django_assert_num_queries):
 
 
 @pytest.mark.django_db
-def test_the_cyclic_collector_runs_again_after_a_scrape_however_it_ends(client, redis_client):
+@pytest.mark.parametrize("encoding", ["identity", "gzip"])
+def test_the_cyclic_collector_runs_again_after_a_scrape_however_it_ends(client, redis_client, encoding):
     import gc
 
-    from tests.metrics_scrape import body
-
-    body(client.get("/metrics"))
+    headers = {"Accept-Encoding": encoding}
+    b"".join(client.get("/metrics", headers=headers).streaming_content)
     assert gc.isenabled()
-    response = client.get("/metrics")
+    response = client.get("/metrics", headers=headers)
     next(iter(response.streaming_content))
     assert not gc.isenabled()  # paused while the scrape is being written
     response.close()
