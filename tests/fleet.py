@@ -64,10 +64,10 @@ def build(count: int, gpus: int = 8, shards: int = 4, at: float | None = None) -
         for s in range(per_node)
     )
     if gpus:
+        # Allocations come back in the order given: shard s of each node holds GPUs 2s and 2s + 1.
         GPUClaim.objects.bulk_create(
-            GPUClaim(allocation_id=allocation.pk, node_id=allocation.node_id, gpu_index=2 * s + k)
-            for allocation in allocations
-            for s in [int(allocation.shard_id.rsplit("-", 1)[1])]
+            GPUClaim(allocation_id=allocation.pk, node_id=allocation.node_id, gpu_index=2 * (n % per_node) + k)
+            for n, allocation in enumerate(allocations)
             for k in range(2)
         )
     return ids

@@ -238,6 +238,9 @@ def test_a_scrape_runs_the_same_queries_whatever_the_fleet_size(
     with django_assert_num_queries(5):
         found = scrape(client)
     assert len(named(found, "llmgw_shard_cpu_cores")) == 4 * count
+    # Four shards of two GPUs each hold all eight GPUs of every node.
+    assert list(named(found, "llmgw_shard_allocated_gpus").values()) == [2] * 4 * count
+    assert list(named(found, "llmgw_node_gpus_free").values()) == [0] * count
 
 
 def test_a_database_failure_is_answered_503_not_a_cut_off_body(client, db, redis_client, monkeypatch):
