@@ -184,7 +184,10 @@ def test_a_shard_the_agent_could_not_report_on_is_ignored(plane, make_agent, cap
 def test_when_proc_cannot_be_read_no_load_is_sent_rather_than_an_old_one(plane, make_agent, tmp_path):
     proc = tmp_path / "proc"
     shutil.copytree(Path(__file__).parent / "fixtures" / "proc", proc)
-    agent = make_agent(plane, roots=Roots(proc=proc, sys=tmp_path, etc=tmp_path)).start()
+    agent = make_agent(plane, roots=Roots(proc=proc, sys=tmp_path, etc=tmp_path))
+    # Take the first reading here, so that it is surely of the first tree and not of the swap below.
+    agent.start_up()
+    agent.start()
     shutil.rmtree(proc)
     shutil.copytree(Path(__file__).parent / "fixtures" / "proc-later", proc)
     wait_until(lambda: any(b.load is not None for b in list(plane.heartbeats)), 10, "a heartbeat with the load")
