@@ -14,5 +14,5 @@ def mark_stale() -> dict:
     flush task is scheduled.
     """
     result = sweep()
-    selfmetrics.record({"stale_runs": 1})
+    selfmetrics.record(selfmetrics.sweep_fields(len(result.unreachable), len(result.lost), len(result.failed)))
     return {"flushed": result.flushed, "unreachable": result.unreachable, "lost": result.lost, "failed": result.failed}

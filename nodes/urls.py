@@ -3,6 +3,7 @@ from django.urls import path
 
 from nodes import health
 from nodes.api import views as api
+from nodes.metrics import views as metrics
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
@@ -10,6 +11,8 @@ urlpatterns = [
     # The agent API (docs/protocol.md).
     path("api/v1/register", api.register, name="api-register"),
     path("api/v1/heartbeat", api.heartbeat, name="api-heartbeat"),
+    # Fleet metrics (nodes/metrics/).
+    path("metrics", metrics.metrics, name="metrics"),
 ]
 
 if settings.LLMGW_BENCH_EMPTY_VIEW:

@@ -147,7 +147,7 @@ def test_the_celery_task_flushes_sweeps_and_counts_its_runs(clock, tokens, redis
     summary = mark_stale_task()
     assert sorted(summary["unreachable"]) == ["gpu-1", "gpu-2"]
     assert summary["failed"] == []
-    assert selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))["stale_runs"] == 1
+    assert selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))["sweeps"] == 1
 
 
 def test_a_heartbeat_after_the_sweep_revives_the_node_at_once(client, clock, tokens):
