@@ -344,6 +344,11 @@ def report(rounds: dict, args, fleet: dict) -> None:
     for name, value, unit, target, better in figures:
         goal = "" if target is None else f"{'≥' if better == 'higher' else '≤'} {target}"
         print(f"| {name} | {value:,.{1 if abs(value) >= 10 else 2}f} | {unit} | {goal} |")
+    if fleet["changes"]:
+        print(
+            f"\nWarning: {fleet['changes']} liveness changes while measuring: the rate was too low to reach every "
+            "node within LLMGW_UNREACHABLE_AFTER, so the heartbeat figures include revivals (database writes)."
+        )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps(
