@@ -1,0 +1,186 @@
+"""Replica and shard state changes: created, failed, released, and as their agents report them.
+
+Each change updates only rows still in the state it expects, so the reconciler,
+the stale-marking sweep and heartbeats can meet on one replica without undoing
+each other. A replica fails whole: one dead shard makes the others useless,
+so its allocations are freed at once and a new replica is built elsewhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from agent import protocol
+from inventory.models import (
+    LIVE_STATES,
+    RUN_STATES,
+    Allocation,
+    Deployment,
+    Replica,
+    ReplicaState,
+    Shard,
+)
+
+
+def new_replicas(
+    deployment: Deployment, count: int, reason: str, replaces: Replica | None = None, now: datetime | None = None
+) -> list[Replica]:
+    """Create `count` pending replicas with ordinals never used before by this deployment."""
+    if count <= 0:
+        return []
+    now = now or timezone.now()
+    with transaction.atomic():
+        Deployment.objects.filter(pk=deployment.pk).update(next_ordinal=F("next_ordinal") + count)
+        end = Deployment.objects.values_list("next_ordinal", flat=True).get(pk=deployment.pk)
+        replicas = Replica.objects.bulk_create(
+            Replica(
+                deployment=deployment,
+                ordinal=ordinal,
+                replica_id=f"{deployment.name}-r{ordinal}",
+                state=ReplicaState.PENDING,
+                reason=reason,
+                changed_at=now,
+                created_at=now,
+                replaces=replaces,
+            )
+            for ordinal in range(end - count, end)
+        )
+    return replicas
+
+
+def fail_replicas(replica_ids: Iterable[str], reason: str, now: datetime | None = None) -> list[str]:
+    """Declare replicas dead, whole, and free everything they held. Returns those that changed."""
+    ids = sorted(set(replica_ids))
+    if not ids:
+        return []
+    now = now or timezone.now()
+    with transaction.atomic():
+        changing = list(
+            Replica.objects.filter(replica_id__in=ids, state__in=(*LIVE_STATES, ReplicaState.RELEASING)).values_list(
+                "replica_id", flat=True
+            )
+        )
+        Replica.objects.filter(replica_id__in=changing).update(state=ReplicaState.FAILED, reason=reason, changed_at=now)
+        Shard.objects.filter(replica__replica_id__in=changing).update(
+            state=ReplicaState.FAILED, reason=reason, changed_at=now
+        )
+        # Allocations go even for replicas no row describes: whatever held
+        # resources for a dead replica must free them.
+        Allocation.objects.filter(replica_id__in=ids).delete()
+    return sorted(changing)
+
+
+def begin_release(replicas: Iterable[Replica], reason: str, now: datetime | None = None) -> list[str]:
+    """Ask the agents to stop these replicas; a replica never placed is simply removed.
+
+    A placed replica keeps its GPUs and memory until its engines have stopped
+    (`finish_release`), so nothing new is started on a GPU still in use.
+    """
+    now = now or timezone.now()
+    replicas = list(replicas)
+    pending = [r.pk for r in replicas if r.state == ReplicaState.PENDING]
+    placed = [r.pk for r in replicas if r.state in RUN_STATES]
+    with transaction.atomic():
+        Replica.objects.filter(pk__in=pending, state=ReplicaState.PENDING).delete()
+        changed = list(Replica.objects.filter(pk__in=placed, state__in=RUN_STATES).values_list("pk", flat=True))
+        Replica.objects.filter(pk__in=changed).update(state=ReplicaState.RELEASING, reason=reason, changed_at=now)
+        Shard.objects.filter(replica__in=changed).update(state=ReplicaState.RELEASING, reason=reason, changed_at=now)
+    return sorted(r.replica_id for r in replicas if r.pk in set(pending) | set(changed))
+
+
+def finish_release(shard_ids: Iterable[str]) -> list[str]:
+    """Free what stopped shards held and forget them; a replica with no shard left goes too."""
+    ids = sorted(set(shard_ids))
+    if not ids:
+        return []
+    with transaction.atomic():
+        replica_pks = set(Shard.objects.filter(shard_id__in=ids).values_list("replica_id", flat=True))
+        Allocation.objects.filter(shard_id__in=ids).delete()
+        Shard.objects.filter(shard_id__in=ids, state=ReplicaState.RELEASING).delete()
+        Replica.objects.filter(pk__in=replica_pks, state=ReplicaState.RELEASING, shards__isnull=True).delete()
+    return ids
+
+
+# How an agent's word on a shard maps onto the shard's state.
+_REPORTED = {
+    "starting": ReplicaState.STARTING,
+    "restarting": ReplicaState.STARTING,
+    "exited": ReplicaState.STARTING,
+    "running": ReplicaState.RUNNING,
+    "stopped": ReplicaState.PLACED,
+    "failed": ReplicaState.FAILED,
+}
+
+
+def record_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.ShardStatus]) -> set[str]:
+    """Apply what a node's agent says of its shards; write only what changed.
+
+    `shards` are the node's shards that are meant to run or being released,
+    as read for the heartbeat's reply. Returns the shard ids that are no
+    longer to be run (failed or released), for the reply to leave out.
+    """
+    reported = {status.shard: status for status in reports}
+    now = timezone.now()
+    stopped, failed_replicas, changed, touched_replicas = [], {}, [], set()
+    for shard in shards:
+        status = reported.get(shard.shard_id)
+        if shard.state == ReplicaState.RELEASING:
+            if status is None or status.state in ("stopped", "exited", "failed"):
+                stopped.append(shard.shard_id)
+            continue
+        if status is None:
+            continue
+        state = _REPORTED[status.state]
+        if state == ReplicaState.FAILED:
+            failed_replicas[shard.replica.replica_id] = (
+                f"shard {shard.shard_id} failed on {node_id}: {_describe(status)}"
+            )
+            continue
+        reason = _describe(status)
+        if (state, reason, status.metrics_port) != (shard.state, shard.reason, shard.metrics_port):
+            shard.state, shard.reason, shard.metrics_port, shard.changed_at = state, reason, status.metrics_port, now
+            changed.append(shard)
+            touched_replicas.add(shard.replica_id)
+    if changed:
+        Shard.objects.bulk_update(changed, ["state", "reason", "metrics_port", "changed_at"])
+        roll_up(touched_replicas, now)
+    for replica_id, reason in failed_replicas.items():
+        fail_replicas([replica_id], reason, now)
+    finish_release(stopped)
+    failed_shards = {s.shard_id for s in shards if s.replica.replica_id in failed_replicas}
+    return set(stopped) | failed_shards
+
+
+def roll_up(replica_pks: Iterable[int], now: datetime | None = None) -> None:
+    """A replica runs when all its shards run; it is starting while any has begun."""
+    now = now or timezone.now()
+    states: dict[int, list[str]] = {}
+    for replica_pk, state in Shard.objects.filter(replica__in=set(replica_pks)).values_list("replica_id", "state"):
+        states.setdefault(replica_pk, []).append(state)
+    for replica_pk, shard_states in states.items():
+        if all(s == ReplicaState.RUNNING for s in shard_states):
+            state, reason = ReplicaState.RUNNING, "all shards running"
+        elif any(s in (ReplicaState.RUNNING, ReplicaState.STARTING) for s in shard_states):
+            running = sum(s == ReplicaState.RUNNING for s in shard_states)
+            state, reason = ReplicaState.STARTING, f"{running} of {len(shard_states)} shards running"
+        else:
+            state, reason = ReplicaState.PLACED, "waiting for the agents to start it"
+        Replica.objects.filter(pk=replica_pk, state__in=RUN_STATES).exclude(state=state, reason=reason).update(
+            state=state, reason=reason, changed_at=now
+        )
+
+
+def _describe(status: protocol.ShardStatus) -> str:
+    words = [status.state]
+    if status.exit_code is not None:
+        words.append(f"exit code {status.exit_code}")
+    if status.restarts:
+        words.append(f"{status.restarts} restarts")
+    if status.detail:
+        words.append(status.detail)
+    return ", ".join(words)
