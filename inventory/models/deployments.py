@@ -13,8 +13,11 @@ import shlex
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
+from django.db.models.signals import pre_delete
+from django.dispatch import receiver
 from django.utils import timezone
 
+from inventory.models.allocations import Allocation
 from inventory.models.nodes import Node
 
 # Replica and shard ids are built from the name and travel in heartbeats as
@@ -188,3 +191,13 @@ class Shard(models.Model):
 
     def __str__(self) -> str:
         return self.shard_id
+
+
+@receiver(pre_delete, sender=Replica)
+def _free_deleted_replica(sender, instance: Replica, **kwargs) -> None:
+    """A replica deleted by hand, or with its deployment, frees its GPUs and memory at once.
+
+    Its agents stop its shards on their next beat. Scaling down instead lets
+    the engines stop before their GPUs are handed out again.
+    """
+    Allocation.objects.filter(replica_id=instance.replica_id).delete()
