@@ -171,10 +171,11 @@ class Fleet:
 
     def __init__(self, nodes: Iterable[NodeView]):
         self.nodes = {node.id: node for node in nodes}
-        # Nodes by the classes of GPU they have free, so a GPU replica looks
-        # only at nodes that could hold it rather than at the whole fleet.
+        # Only schedulable nodes can take anything; GPU replicas look only at
+        # nodes with free GPUs of their class rather than at the whole fleet.
+        self._ready = [node for node in self.nodes.values() if node.schedulable]
         self._by_class: dict[str, set[str]] = defaultdict(set)
-        for node in self.nodes.values():
+        for node in self._ready:
             for gpu_class, indices in node.free_gpus.items():
                 if indices:
                     self._by_class[gpu_class].add(node.id)
@@ -185,7 +186,7 @@ class Fleet:
         if profile.gpus:
             ids = set().union(*self._by_class.values()) if self._by_class else set()
             return (self.nodes[node_id] for node_id in ids)
-        return self.nodes.values()
+        return self._ready
 
     def apply(self, placement: Placement, profile: Profile) -> None:
         """Take what a placement claims, so later decisions in this pass see it."""
@@ -205,42 +206,26 @@ class Fleet:
 class Planner:
     """Places the replicas of one deployment, one at a time, over a shared fleet.
 
-    Single-node candidates sit in a heap keyed by preference; a node's entry
-    is pushed again whenever this planner changes it, and entries that no
-    longer match their node are skipped, so each placement costs a few heap
-    operations instead of a scan of the fleet.
+    Candidates sit in heaps keyed by preference: one for whole replicas on a
+    single node, one per fabric for replicas spread over several. Keys only
+    grow as this planner fills a node, so an entry that no longer matches its
+    node is pushed again with its current key (or dropped once the node is
+    full) when it reaches the top; each placement costs a few heap operations
+    instead of a scan of the fleet.
     """
 
     def __init__(self, fleet: Fleet, profile: Profile, spread: Counter | None = None):
         self.fleet = fleet
         self.profile = profile
         self.spread = spread if spread is not None else Counter()
-        self._heap: list[tuple] = []
+        self._single: list[tuple] = []
+        self._by_fabric: dict[str, list[tuple]] | None = None
         self._failed: CannotPlace | None = None
         for node in fleet.candidates(profile):
-            self._push(node)
-
-    def _key(self, node: NodeView) -> tuple | None:
-        if node.capacity(self.profile) < self.profile.shards:
-            return None
-        if self.profile.gpus:
-            leftover = len(node.gpus_of(self.profile.gpu_class)) - self.profile.gpus * self.profile.shards
-            return (self.spread[node.id], leftover, node.id)
-        return (self.spread[node.id], node.shard_count, node.id)
-
-    def _push(self, node: NodeView) -> None:
-        key = self._key(node)
-        if key is not None:
-            heapq.heappush(self._heap, key)
-
-    def _best_single_node(self) -> NodeView | None:
-        while self._heap:
-            key = self._heap[0]
-            node = self.fleet.nodes[key[-1]]
-            if self._key(node) == key:
-                return node
-            heapq.heappop(self._heap)
-        return None
+            key = self._single_key(node)
+            if key is not None:
+                self._single.append(key)
+        heapq.heapify(self._single)
 
     def place(self) -> Placement | CannotPlace:
         """Place one replica and apply it to the fleet, or say why not."""
@@ -255,11 +240,96 @@ class Planner:
         self.fleet.apply(placement, self.profile)
         for node_id in placement.node_ids:
             self.spread[node_id] += 1
-            self._push(self.fleet.nodes[node_id])
+            self._refresh(self.fleet.nodes[node_id])
         return placement
+
+    # -- one node --------------------------------------------------------------------------------
+
+    def _single_key(self, node: NodeView) -> tuple | None:
+        if node.capacity(self.profile) < self.profile.shards:
+            return None
+        if self.profile.gpus:
+            leftover = len(node.gpus_of(self.profile.gpu_class)) - self.profile.gpus * self.profile.shards
+            return (self.spread[node.id], leftover, node.id)
+        return (self.spread[node.id], node.shard_count, node.id)
+
+    def _best_single_node(self) -> NodeView | None:
+        return self._top(self._single, self._single_key)
 
     def _on_one_node(self, node: NodeView) -> Placement:
         return Placement(self._assign(node, range(self.profile.shards), hcas=[]))
+
+    # -- several nodes on one fabric -------------------------------------------------------------
+
+    def _fabric_key(self, node: NodeView) -> tuple | None:
+        fits = node.capacity(self.profile)
+        return (self.spread[node.id], -fits, node.id) if fits else None
+
+    def _fabric_heaps(self) -> dict[str, list[tuple]]:
+        if self._by_fabric is None:
+            self._by_fabric = defaultdict(list)
+            for node in self.fleet.candidates(self.profile):
+                key = self._fabric_key(node) if node.fabrics else None
+                if key is not None:
+                    for fabric in node.fabrics:
+                        self._by_fabric[fabric].append(key)
+            for heap in self._by_fabric.values():
+                heapq.heapify(heap)
+        return self._by_fabric
+
+    def _across_nodes(self) -> Placement | None:
+        """The fabric needing fewest nodes for the whole replica, then its name."""
+        if self.profile.shards < 2:
+            return None
+        best: tuple[int, str, list[tuple[str, int]]] | None = None
+        for fabric, heap in sorted(self._fabric_heaps().items()):
+            chosen, taken, remaining = [], [], self.profile.shards
+            while remaining and self._top(heap, self._fabric_key) is not None:
+                key = heapq.heappop(heap)
+                taken.append(key)
+                take = min(-key[1], remaining)
+                chosen.append((key[-1], take))
+                remaining -= take
+            for key in taken:
+                heapq.heappush(heap, key)
+            if not remaining and (best is None or len(chosen) < best[0]):
+                best = (len(chosen), fabric, chosen)
+        if best is None:
+            return None
+        _, fabric, chosen = best
+        shards, next_index = [], 0
+        for node_id, take in chosen:
+            node = self.fleet.nodes[node_id]
+            shards += self._assign(node, range(next_index, next_index + take), node.fabrics[fabric])
+            next_index += take
+        return Placement(shards, fabric)
+
+    # -- shared ----------------------------------------------------------------------------------
+
+    def _top(self, heap: list[tuple], key_of) -> NodeView | None:
+        """The best node of a heap whose entry is current; stale entries are re-keyed or dropped."""
+        while heap:
+            key = heap[0]
+            node = self.fleet.nodes[key[-1]]
+            current = key_of(node)
+            if current == key:
+                return node
+            if current is None:
+                heapq.heappop(heap)
+            else:
+                heapq.heapreplace(heap, current)
+        return None
+
+    def _refresh(self, node: NodeView) -> None:
+        """Push a node this planner just filled with its new keys, so the heaps never miss it."""
+        key = self._single_key(node)
+        if key is not None:
+            heapq.heappush(self._single, key)
+        if self._by_fabric is not None:
+            key = self._fabric_key(node)
+            if key is not None:
+                for fabric in node.fabrics:
+                    heapq.heappush(self._by_fabric[fabric], key)
 
     def _assign(self, node: NodeView, indices: Iterable[int], hcas: list[str]) -> list[ShardPlacement]:
         free = node.gpus_of(self.profile.gpu_class) if self.profile.gpus else []
@@ -273,40 +343,6 @@ class Planner:
             gpus = free[n * self.profile.gpus : (n + 1) * self.profile.gpus]
             shards.append(ShardPlacement(index, node.id, gpus, list(hcas), port))
         return shards
-
-    def _across_nodes(self) -> Placement | None:
-        """The fabric needing fewest nodes for the whole replica, then its name."""
-        if self.profile.shards < 2:
-            return None
-        by_fabric: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
-        for node in self.fleet.candidates(self.profile):
-            fits = node.capacity(self.profile)
-            if fits:
-                for fabric in node.fabrics:
-                    by_fabric[fabric].append((self.spread[node.id], -fits, node.id))
-        best: tuple[int, str, list[tuple[str, int]]] | None = None
-        for fabric, entries in by_fabric.items():
-            entries.sort()
-            chosen, remaining = [], self.profile.shards
-            for _, negative_fits, node_id in entries:
-                take = min(-negative_fits, remaining)
-                chosen.append((node_id, take))
-                remaining -= take
-                if not remaining:
-                    break
-            if remaining:
-                continue
-            if best is None or (len(chosen), fabric) < (best[0], best[1]):
-                best = (len(chosen), fabric, chosen)
-        if best is None:
-            return None
-        _, fabric, chosen = best
-        shards, next_index = [], 0
-        for node_id, take in chosen:
-            node = self.fleet.nodes[node_id]
-            shards += self._assign(node, range(next_index, next_index + take), node.fabrics[fabric])
-            next_index += take
-        return Placement(shards, fabric)
 
 
 def diagnose(fleet: Fleet, profile: Profile) -> str:

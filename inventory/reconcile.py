@@ -175,11 +175,16 @@ def _place(now: datetime, result: ReconcileResult) -> None:
     deployments = {r.deployment_id: r.deployment for r in pending}
     fleet = load_fleet(d.model_source for d in deployments.values() if d.model_is_path)
     spread = _spread(deployments)
-    planners = {pk: Planner(fleet, Profile.of(d), spread[pk]) for pk, d in deployments.items()}
+    # A deployment's planner is made when its turn comes, so it sees what the
+    # deployments before it took.
+    planners: dict[int, Planner] = {}
     placed: list[tuple[Replica, Placement]] = []
     unplaced: list[Replica] = []
     for replica in pending:
-        outcome = planners[replica.deployment_id].place()
+        pk = replica.deployment_id
+        if pk not in planners:
+            planners[pk] = Planner(fleet, Profile.of(deployments[pk]), spread[pk])
+        outcome = planners[pk].place()
         if isinstance(outcome, CannotPlace):
             result.unplaced[replica.replica_id] = outcome.reason
             reason = f"cannot place: {outcome.reason}"
@@ -220,12 +225,10 @@ def _commit(placed: list[tuple[Replica, Placement]], now: datetime) -> None:
     if Replica.objects.filter(pk__in=pks, state=ReplicaState.PENDING).count() != len(pks):
         raise RuntimeError("replicas were placed by another pass; this pass stops")
     allocations, shards, gpus_of = [], [], {}
+    by_fabric: dict[str, list[int]] = defaultdict(list)
     for replica, placement in placed:
         deployment = replica.deployment
-        replica.fabric = placement.fabric
-        replica.state, replica.changed_at = ReplicaState.PLACED, now
-        where = ", ".join(placement.node_ids)
-        replica.reason = f"placed on {where}" + (f" over {placement.fabric}" if placement.fabric else "")
+        by_fabric[placement.fabric].append(replica.pk)
         for part in placement.shards:
             shard_id = f"{replica.replica_id}-s{part.index}"
             shards.append(
@@ -261,18 +264,23 @@ def _commit(placed: list[tuple[Replica, Placement]], now: datetime) -> None:
         for node_id, indices in [gpus_of[allocation.shard_id]]
         for index in indices
     )
-    Replica.objects.bulk_update([replica for replica, _ in placed], ["state", "reason", "changed_at", "fabric"])
+    # One UPDATE per fabric rather than a row-by-row bulk_update: where each
+    # shard went is on the shard rows.
+    for fabric, pks in by_fabric.items():
+        reason = "placed; waiting for its agents to start it" + (f" (over fabric {fabric})" if fabric else "")
+        Replica.objects.filter(pk__in=pks).update(
+            state=ReplicaState.PLACED, reason=reason, changed_at=now, fabric=fabric
+        )
 
 
 def _cordon_drained(now: datetime, result: ReconcileResult) -> None:
-    draining = Node.objects.filter(admin_state=AdminState.DRAINING)
-    busy = set(Allocation.objects.filter(node__in=draining).values_list("node_id", flat=True))
-    busy |= set(
-        Shard.objects.filter(node__in=draining, state__in=(*RUN_STATES, ReplicaState.RELEASING)).values_list(
-            "node_id", flat=True
-        )
-    )
-    for node_id in draining.exclude(pk__in=busy).values_list("pk", flat=True):
+    draining = set(Node.objects.filter(admin_state=AdminState.DRAINING).values_list("pk", flat=True))
+    if not draining:
+        return
+    busy = set(Allocation.objects.filter(node_id__in=draining).values_list("node_id", flat=True))
+    holding = (*RUN_STATES, ReplicaState.RELEASING)
+    busy |= set(Shard.objects.filter(node_id__in=draining, state__in=holding).values_list("node_id", flat=True))
+    for node_id in sorted(draining - busy):
         if finish_drain(node_id, now):
             result.cordoned.append(node_id)
 
