@@ -221,8 +221,11 @@ class Planner:
         self._single: list[tuple] = []
         self._by_fabric: dict[str, list[tuple]] | None = None
         self._failed: CannotPlace | None = None
+        # The heaps start from keys worked out from GPUs alone, never above
+        # the true key: `_top` checks the rest (memory, cores, weights) only
+        # for the few nodes that reach the top.
         for node in fleet.candidates(profile):
-            key = self._single_key(node)
+            key = self._rough_key(node)
             if key is not None:
                 self._single.append(key)
         heapq.heapify(self._single)
@@ -253,6 +256,19 @@ class Planner:
             return (self.spread[node.id], leftover, node.id)
         return (self.spread[node.id], node.shard_count, node.id)
 
+    def _rough_key(self, node: NodeView, fabric: bool = False) -> tuple | None:
+        """A lower bound of `_single_key` (or of `_fabric_key`), from GPU counts alone."""
+        profile = self.profile
+        spread = self.spread[node.id]
+        if not profile.gpus:
+            return (spread, -profile.shards, node.id) if fabric else (spread, node.shard_count, node.id)
+        free = len(node.gpus_of(profile.gpu_class))
+        if fabric:
+            fits = min(profile.shards, free // profile.gpus)
+            return (spread, -fits, node.id) if fits else None
+        leftover = free - profile.gpus * profile.shards
+        return (spread, leftover, node.id) if leftover >= 0 else None
+
     def _best_single_node(self) -> NodeView | None:
         return self._top(self._single, self._single_key)
 
@@ -269,7 +285,7 @@ class Planner:
         if self._by_fabric is None:
             self._by_fabric = defaultdict(list)
             for node in self.fleet.candidates(self.profile):
-                key = self._fabric_key(node) if node.fabrics else None
+                key = self._rough_key(node, fabric=True) if node.fabrics else None
                 if key is not None:
                     for fabric in node.fabrics:
                         self._by_fabric[fabric].append(key)

@@ -7,7 +7,7 @@ from django.test import override_settings
 
 from agent import protocol
 from inventory.desired import sync_node
-from inventory.models import Allocation, Deployment, Engine, GPUClaim, Replica, ReplicaState, Shard
+from inventory.models import Allocation, Deployment, Engine, GPUClaim, Node, Replica, ReplicaState, Shard
 from inventory.reconcile import reconcile
 from tests.placement_fleet import deployment, node
 
@@ -43,8 +43,6 @@ def test_a_multi_node_shard_gets_its_gpus_and_only_its_fabrics_adapters(db):
 
 
 def spec_a_addr() -> str:
-    from inventory.models import Node
-
     return Node.objects.get(pk="a").mgmt_addr
 
 

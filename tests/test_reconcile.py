@@ -5,12 +5,26 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agent import protocol
 from inventory.desired import sync_node
 from inventory.liveness import mark_stale
-from inventory.models import AdminState, Allocation, GPUClaim, Liveness, Node, NodeEvent, Replica, ReplicaState, Shard
+from inventory.models import (
+    AdminState,
+    Allocation,
+    Deployment,
+    GPUClaim,
+    Liveness,
+    Node,
+    NodeEvent,
+    Replica,
+    ReplicaState,
+    Shard,
+)
+from inventory.operator import set_admin_state
 from inventory.reconcile import RELEASE_GRACE, reconcile
 from tests.placement_fleet import deployment, node
 
@@ -83,8 +97,6 @@ def test_lost_node_frees_its_replica_whole_and_it_is_rebuilt_elsewhere(db):
 
 
 def test_drain_runs_the_replacement_before_releasing_then_cordons(db, operator):
-    from inventory.operator import set_admin_state
-
     a, _ = node("a"), node("b")
     deployment(replicas=1)
     reconcile()
@@ -124,8 +136,6 @@ def test_drain_runs_the_replacement_before_releasing_then_cordons(db, operator):
 
 
 def test_drain_of_an_empty_node_cordons_it_at_once(db, operator):
-    from inventory.operator import set_admin_state
-
     a = node("a")
     set_admin_state(a, AdminState.DRAINING, operator, "retire")
     assert reconcile().cordoned == ["a"]
@@ -133,8 +143,6 @@ def test_drain_of_an_empty_node_cordons_it_at_once(db, operator):
 
 
 def test_drain_stopped_before_the_replacement_runs_keeps_the_old_replica(db, operator):
-    from inventory.operator import set_admin_state
-
     a, _ = node("a"), node("b")
     deployment()
     reconcile()
@@ -226,3 +234,18 @@ def test_failed_replicas_are_forgotten_after_an_hour(db):
     assert Replica.objects.filter(state=ReplicaState.FAILED).count() == 1
     reconcile(now=timezone.now() + timedelta(hours=2))
     assert not Replica.objects.filter(state=ReplicaState.FAILED).exists()
+
+
+def test_a_pass_costs_the_same_queries_whatever_the_fleet_size(db):
+    def queries_for(nodes: int, prefix: str) -> int:
+        for i in range(nodes):
+            node(f"{prefix}{i}", fabrics={"ib": [f"mlx5_{i}"]})
+        deployment(f"{prefix}-one", replicas=3)
+        deployment(f"{prefix}-two", replicas=2, shards_per_replica=2, gpus_per_shard=8)
+        with CaptureQueriesContext(connection) as captured:
+            reconcile()
+        Node.objects.all().delete()
+        Deployment.objects.all().delete()
+        return len(captured)
+
+    assert queries_for(4, "s") == queries_for(40, "l")
