@@ -134,6 +134,12 @@ def record_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol
                 stopped.append(shard.shard_id)
             continue
         if status is None:
+            # Started once but no longer listed: the agent restarted, or lost
+            # the process. It is still told to run it, so it starts again.
+            if shard.state in (ReplicaState.STARTING, ReplicaState.RUNNING):
+                shard.state, shard.reason, shard.changed_at = ReplicaState.PLACED, "not reported by the agent", now
+                changed.append(shard)
+                touched_replicas.add(shard.replica_id)
             continue
         state = _REPORTED[status.state]
         if state == ReplicaState.FAILED:

@@ -238,3 +238,16 @@ def test_deleting_a_deployment_frees_its_gpus(client, operator):
     client.post(f"/admin/inventory/deployment/{d.pk}/delete/", {"post": "yes"})
     assert not Deployment.objects.exists()
     assert not Allocation.objects.exists() and not GPUClaim.objects.exists()
+
+
+def test_a_running_shard_the_agent_no_longer_lists_goes_back_to_placed(db):
+    node("a")
+    deployment()
+    reconcile()
+    (spec,) = sync_node("a")
+    sync_node("a", [protocol.ShardStatus(shard=spec.shard, state="running")])
+    # The agent restarted and runs nothing yet; it is still told to run the shard.
+    assert sync_node("a", []) == [spec]
+    shard = Shard.objects.get()
+    assert (shard.state, shard.reason) == (ReplicaState.PLACED, "not reported by the agent")
+    assert shard.replica.state == ReplicaState.PLACED
