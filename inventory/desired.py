@@ -6,32 +6,67 @@ what is new and stops what is gone, so a lost reply costs nothing but a beat.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from agent import protocol
+from inventory import shardversion
 from inventory.models import RUN_STATES, Deployment, Engine, ReplicaState, Shard
-from inventory.replicas import record_reports
+from inventory.replicas import apply_reports, read_reports
 
 # Engines listen on every address: Prometheus and clients reach them from elsewhere.
 LISTEN = "0.0.0.0"
 
 
+@dataclass
+class _Cached:
+    version: int
+    read_at: float
+    shards: list[Shard]
+    specs: list[protocol.ShardSpec]
+
+
+# Per process: each node's shards as last read, valid while the shard version stands still.
+_cache: dict[str, _Cached] = {}
+
+
+def forget() -> None:
+    """Drop every cached shard list (tests start each case from the database)."""
+    _cache.clear()
+
+
 def sync_node(node_id: str, reports: Iterable[protocol.ShardStatus] | None = None) -> list[protocol.ShardSpec]:
     """Apply the agent's shard reports (None: no report to apply), then return the shards it should run.
 
-    One query reads the node's shards; writes happen only when a report
-    changed something, so an unchanged heartbeat writes nothing. A report is
-    the whole truth: a shard being released that it no longer lists has stopped.
+    A heartbeat that changes nothing costs one Redis GET: the node's shards
+    are kept in memory until the shard version moves. Otherwise one query
+    reads them, and writes happen only for what a report changed.
     """
+    version = shardversion.current()
+    cached = _cache.get(node_id)
+    if (
+        cached is not None
+        and cached.version == version
+        and time.monotonic() - cached.read_at < shardversion.MAX_AGE
+        and (reports is None or not read_reports(node_id, cached.shards, reports))
+    ):
+        return cached.specs
     shards = list(
         Shard.objects.filter(node_id=node_id, state__in=(*RUN_STATES, ReplicaState.RELEASING))
         .select_related("replica__deployment")
         .order_by("shard_id")
     )
-    gone = record_reports(node_id, shards, reports) if reports is not None else set()
+    effects = read_reports(node_id, shards, reports) if reports is not None else None
+    gone = apply_reports(effects) if effects else set()
     wanted = [s for s in shards if s.state in RUN_STATES and s.shard_id not in gone]
     leaders = _leaders([s.replica for s in wanted if s.replica.deployment.shards_per_replica > 1])
-    return [shard_spec(s, leaders.get(s.replica_id, "")) for s in wanted]
+    specs = [shard_spec(s, leaders.get(s.replica_id, "")) for s in wanted]
+    if effects or version is None:
+        _cache.pop(node_id, None)
+    else:
+        _cache[node_id] = _Cached(version, time.monotonic(), shards, specs)
+    return specs
 
 
 def _leaders(replicas) -> dict[int, str]:

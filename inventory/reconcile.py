@@ -29,6 +29,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from inventory import shardversion
 from inventory.models import (
     LIVE_STATES,
     RUN_STATES,
@@ -271,6 +272,7 @@ def _commit(placed: list[tuple[Replica, Placement]], now: datetime) -> None:
         Replica.objects.filter(pk__in=pks).update(
             state=ReplicaState.PLACED, reason=reason, changed_at=now, fabric=fabric
         )
+    shardversion.bump()
 
 
 def _cordon_drained(now: datetime, result: ReconcileResult) -> None:

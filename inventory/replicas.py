@@ -9,6 +9,7 @@ so its allocations are freed at once and a new replica is built elsewhere.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import transaction
@@ -16,6 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from agent import protocol
+from inventory import shardversion
 from inventory.models import (
     LIVE_STATES,
     RUN_STATES,
@@ -72,6 +74,7 @@ def fail_replicas(replica_ids: Iterable[str], reason: str, now: datetime | None 
         # Allocations go even for replicas no row describes: whatever held
         # resources for a dead replica must free them.
         Allocation.objects.filter(replica_id__in=ids).delete()
+    shardversion.bump()
     return sorted(changing)
 
 
@@ -90,6 +93,7 @@ def begin_release(replicas: Iterable[Replica], reason: str, now: datetime | None
         changed = list(Replica.objects.filter(pk__in=placed, state__in=RUN_STATES).values_list("pk", flat=True))
         Replica.objects.filter(pk__in=changed).update(state=ReplicaState.RELEASING, reason=reason, changed_at=now)
         Shard.objects.filter(replica__in=changed).update(state=ReplicaState.RELEASING, reason=reason, changed_at=now)
+    shardversion.bump()
     return sorted(r.replica_id for r in replicas if r.pk in set(pending) | set(changed))
 
 
@@ -103,6 +107,7 @@ def finish_release(shard_ids: Iterable[str]) -> list[str]:
         Allocation.objects.filter(shard_id__in=ids).delete()
         Shard.objects.filter(shard_id__in=ids, state=ReplicaState.RELEASING).delete()
         Replica.objects.filter(pk__in=replica_pks, state=ReplicaState.RELEASING, shards__isnull=True).delete()
+    shardversion.bump()
     return ids
 
 
@@ -117,49 +122,70 @@ _REPORTED = {
 }
 
 
-def record_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.ShardStatus]) -> set[str]:
-    """Apply what a node's agent says of its shards; write only what changed.
+@dataclass
+class ReportEffects:
+    """What an agent's report would change, worked out without writing anything."""
 
-    `shards` are the node's shards that are meant to run or being released,
-    as read for the heartbeat's reply. Returns the shard ids that are no
-    longer to be run (failed or released), for the reply to leave out.
+    changed: list[tuple[Shard, str, str, int]] = field(default_factory=list)
+    stopped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    # This node's shards of the failed replicas: no longer to be run.
+    failed_shards: set[str] = field(default_factory=set)
+
+    def __bool__(self) -> bool:
+        return bool(self.changed or self.stopped or self.failed)
+
+
+def read_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.ShardStatus]) -> ReportEffects:
+    """Compare a node's shards with what its agent says of them.
+
+    `shards` are the node's shards that are meant to run or being released.
+    A report is the whole truth: a releasing shard it does not list has
+    stopped, and a started shard it does not list is no longer running.
     """
     reported = {status.shard: status for status in reports}
-    now = timezone.now()
-    stopped, failed_replicas, changed, touched_replicas = [], {}, [], set()
+    effects = ReportEffects()
     for shard in shards:
         status = reported.get(shard.shard_id)
         if shard.state == ReplicaState.RELEASING:
             if status is None or status.state in ("stopped", "exited", "failed"):
-                stopped.append(shard.shard_id)
-            continue
-        if status is None:
-            # Started once but no longer listed: the agent restarted, or lost
-            # the process. It is still told to run it, so it starts again.
+                effects.stopped.append(shard.shard_id)
+        elif status is None:
+            # The agent restarted or lost the process; it is still told to
+            # run the shard, so it starts it again.
             if shard.state in (ReplicaState.STARTING, ReplicaState.RUNNING):
-                shard.state, shard.reason, shard.changed_at = ReplicaState.PLACED, "not reported by the agent", now
-                changed.append(shard)
-                touched_replicas.add(shard.replica_id)
-            continue
-        state = _REPORTED[status.state]
-        if state == ReplicaState.FAILED:
-            failed_replicas[shard.replica.replica_id] = (
-                f"shard {shard.shard_id} failed on {node_id}: {_describe(status)}"
-            )
-            continue
-        reason = _describe(status)
-        if (state, reason, status.metrics_port) != (shard.state, shard.reason, shard.metrics_port):
-            shard.state, shard.reason, shard.metrics_port, shard.changed_at = state, reason, status.metrics_port, now
-            changed.append(shard)
-            touched_replicas.add(shard.replica_id)
+                effects.changed.append((shard, ReplicaState.PLACED, "not reported by the agent", shard.metrics_port))
+        elif _REPORTED[status.state] == ReplicaState.FAILED:
+            reason = f"shard {shard.shard_id} failed on {node_id}: {_describe(status)}"
+            effects.failed[shard.replica.replica_id] = reason
+        else:
+            new = (_REPORTED[status.state], _describe(status), status.metrics_port)
+            if new != (shard.state, shard.reason, shard.metrics_port):
+                effects.changed.append((shard, *new))
+    effects.failed_shards = {s.shard_id for s in shards if s.replica.replica_id in effects.failed}
+    return effects
+
+
+def apply_reports(effects: ReportEffects) -> set[str]:
+    """Write what `read_reports` found. Returns the shard ids no longer to be run."""
+    now = timezone.now()
+    changed = []
+    for shard, state, reason, metrics_port in effects.changed:
+        shard.state, shard.reason, shard.metrics_port, shard.changed_at = state, reason, metrics_port, now
+        changed.append(shard)
     if changed:
         Shard.objects.bulk_update(changed, ["state", "reason", "metrics_port", "changed_at"])
-        roll_up(touched_replicas, now)
-    for replica_id, reason in failed_replicas.items():
+        roll_up({shard.replica_id for shard in changed}, now)
+        shardversion.bump()
+    for replica_id, reason in effects.failed.items():
         fail_replicas([replica_id], reason, now)
-    finish_release(stopped)
-    failed_shards = {s.shard_id for s in shards if s.replica.replica_id in failed_replicas}
-    return set(stopped) | failed_shards
+    finish_release(effects.stopped)
+    return set(effects.stopped) | effects.failed_shards
+
+
+def record_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.ShardStatus]) -> set[str]:
+    """Apply what a node's agent says of its shards, writing only what changed."""
+    return apply_reports(read_reports(node_id, shards, reports))
 
 
 def roll_up(replica_pks: Iterable[int], now: datetime | None = None) -> None:

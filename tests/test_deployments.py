@@ -93,9 +93,12 @@ def test_reports_move_shards_through_starting_to_running_and_write_only_on_chang
     sync_node("a", [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9100)])
     shard = Shard.objects.get()
     assert (shard.state, shard.metrics_port, shard.replica.state) == (ReplicaState.RUNNING, 9100, ReplicaState.RUNNING)
-    # The same report again: one read, nothing written.
+    # The same report again, twice: one read, then nothing at all from the database.
+    same = [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9100)]
     with django_assert_num_queries(1):
-        sync_node("a", [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9100)])
+        sync_node("a", same)
+    with django_assert_num_queries(0):
+        assert sync_node("a", same) == [spec]
 
 
 def test_reports_of_shards_the_node_does_not_hold_change_nothing(db):
@@ -251,3 +254,33 @@ def test_a_running_shard_the_agent_no_longer_lists_goes_back_to_placed(db):
     shard = Shard.objects.get()
     assert (shard.state, shard.reason) == (ReplicaState.PLACED, "not reported by the agent")
     assert shard.replica.state == ReplicaState.PLACED
+
+
+def test_a_cached_node_sees_a_new_placement_on_its_next_heartbeat(db, django_assert_num_queries):
+    node("a")
+    d = deployment()
+    reconcile()
+    first = sync_node("a", [])
+    with django_assert_num_queries(0):
+        assert sync_node("a", []) == first
+    d.replicas = 2
+    d.save()
+    reconcile()
+    assert len(sync_node("a", [])) == 2
+
+
+def test_without_redis_every_heartbeat_reads_the_database(db, settings, django_assert_num_queries):
+    from nodes import loadstore
+    from tests.services import free_port
+
+    node("a")
+    deployment()
+    reconcile()
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    loadstore.reset_client()
+    try:
+        for _ in range(2):
+            with django_assert_num_queries(1):
+                assert len(sync_node("a", [])) == 1
+    finally:
+        loadstore.reset_client()

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.django import TestCase
 
 from agent import protocol
+from inventory import desired
 from inventory.desired import sync_node
 from inventory.liveness import mark_stale
 from inventory.models import (
@@ -111,6 +112,7 @@ class ReconcileProperties(TestCase):
     @settings(max_examples=25, deadline=None)
     @given(fleet=fleet_specs, wanted=deployment_specs, later=changes)
     def test_stored_placements_keep_the_rules_through_changes(self, fleet, wanted, later):
+        desired.forget()
         names = []
         for i, spec in enumerate(fleet):
             admin_state, liveness = spec.pop("state")

@@ -13,10 +13,11 @@ import shlex
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
-from django.db.models.signals import pre_delete
+from django.db.models.signals import post_save, pre_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
+from inventory import shardversion
 from inventory.models.allocations import Allocation
 from inventory.models.nodes import Node
 
@@ -201,3 +202,10 @@ def _free_deleted_replica(sender, instance: Replica, **kwargs) -> None:
     the engines stop before their GPUs are handed out again.
     """
     Allocation.objects.filter(replica_id=instance.replica_id).delete()
+    shardversion.bump()
+
+
+@receiver(post_save, sender=Deployment)
+def _deployment_changed(sender, instance: Deployment, **kwargs) -> None:
+    """New arguments or engine change the commands agents are given."""
+    shardversion.bump()
