@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
+from django.core.management import call_command
 from django.test import override_settings
 
 from agent import protocol
 from inventory.desired import sync_node
 from inventory.models import Allocation, Deployment, Engine, GPUClaim, Node, Replica, ReplicaState, Shard
 from inventory.reconcile import reconcile
+from nodes import loadstore
 from tests.placement_fleet import deployment, node
+from tests.services import free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -270,9 +275,6 @@ def test_a_cached_node_sees_a_new_placement_on_its_next_heartbeat(db, django_ass
 
 
 def test_without_redis_every_heartbeat_reads_the_database(db, settings, django_assert_num_queries):
-    from nodes import loadstore
-    from tests.services import free_port
-
     node("a")
     deployment()
     reconcile()
@@ -284,3 +286,17 @@ def test_without_redis_every_heartbeat_reads_the_database(db, settings, django_a
                 assert len(sync_node("a", [])) == 1
     finally:
         loadstore.reset_client()
+
+
+def test_setup_demo_creates_a_demo_deployment_once_that_places_on_a_cpu_node(tmp_path, db):
+    node("laptop", gpus=0, cpus=8, memory_gb=16)
+    for _ in range(2):
+        call_command("setup_demo", var_dir=str(tmp_path), stdout=io.StringIO())
+    demo = Deployment.objects.get()
+    assert (demo.name, demo.engine, demo.gpus_per_shard) == ("demo", Engine.DEMO, 0)
+    reconcile()
+    specs = sync_node("laptop")
+    assert len(specs) == demo.replicas
+    for spec in specs:
+        assert spec.command[:3] == ["python3", "-m", "agent.demo_engine"]
+        assert spec.command[spec.command.index("--port") + 1] == str(spec.port)
