@@ -7,7 +7,7 @@ from celery import shared_task
 
 from inventory.liveness import mark_stale as sweep
 from inventory.reconcile import reconcile as reconcile_pass
-from nodes import loadstore
+from nodes import loadstore, selfmetrics
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +20,7 @@ RECONCILE_LOCK_SECONDS = 60
 def mark_stale() -> dict:
     """Run by beat every few seconds; idempotent, so a late or doubled run is harmless."""
     result = sweep()
+    selfmetrics.record(selfmetrics.sweep_fields(len(result.unreachable), len(result.lost), len(result.failed)))
     return {"unreachable": result.unreachable, "lost": result.lost, "failed": result.failed}
 
 

@@ -7,13 +7,18 @@ fleet size.
 
 from __future__ import annotations
 
-import hmac
+import logging
 
-from django.conf import settings
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
 from inventory.models import ReplicaState, Shard
+
+# The same optional bearer token as /metrics: both tell a reader where the fleet is.
+from nodes.metrics.views import _authorized
+
+log = logging.getLogger(__name__)
 
 
 @require_GET
@@ -37,20 +42,19 @@ def prometheus_targets(request: HttpRequest) -> HttpResponse:
             "replica__deployment__engine",
         )
     )
-    groups = [
+    try:
+        groups = _groups(rows)
+    except DatabaseError as exc:
+        log.warning("engine targets: database unavailable: %s", exc)
+        return JsonResponse({"error": "database unavailable"}, status=503)
+    return JsonResponse(groups, safe=False)
+
+
+def _groups(rows) -> list[dict]:
+    return [
         {
             "targets": [f"{addr or hostname or node}:{metrics_port or port}"],
             "labels": {"node": node, "shard": shard, "replica": replica, "model": model, "engine": engine},
         }
         for shard, port, metrics_port, node, addr, hostname, replica, model, engine in rows
     ]
-    return JsonResponse(groups, safe=False)
-
-
-def _authorized(request: HttpRequest) -> bool:
-    """The same optional bearer token as /metrics: both tell a reader where the fleet is."""
-    token = settings.LLMGW_METRICS_TOKEN
-    if not token:
-        return True
-    given = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    return hmac.compare_digest(given.encode(), token.encode())
