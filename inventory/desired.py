@@ -36,14 +36,17 @@ def forget() -> None:
     _cache.clear()
 
 
-def sync_node(node_id: str, reports: Iterable[protocol.ShardStatus] | None = None) -> list[protocol.ShardSpec]:
+def sync_node(
+    node_id: str, reports: Iterable[protocol.ShardStatus] | None = None, use_cache: bool = True
+) -> list[protocol.ShardSpec]:
     """Apply the agent's shard reports (None: no report to apply), then return the shards it should run.
 
     A heartbeat that changes nothing costs one Redis GET: the node's shards
     are kept in memory until the shard version moves. Otherwise one query
-    reads them, and writes happen only for what a report changed.
+    reads them, and writes happen only for what a report changed. `use_cache`
+    False (Redis is known to be down) goes to the database without asking Redis.
     """
-    version = shardversion.current()
+    version = shardversion.current() if use_cache else None
     cached = _cache.get(node_id)
     if (
         cached is not None

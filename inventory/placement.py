@@ -302,6 +302,9 @@ class Planner:
             chosen, taken, remaining = [], [], self.profile.shards
             while remaining and self._top(heap, self._fabric_key) is not None:
                 key = heapq.heappop(heap)
+                if any(node_id == key[-1] for node_id, _ in chosen):
+                    # A re-keyed stale entry can equal the node's fresh one: a duplicate, dropped.
+                    continue
                 taken.append(key)
                 take = min(-key[1], remaining)
                 chosen.append((key[-1], take))
