@@ -58,6 +58,15 @@ def test_the_demo_deployment_runs_and_prometheus_scrapes_its_engines(tmp_path, r
             with urllib.request.urlopen(f"http://{group['targets'][0]}/metrics", timeout=5) as response:
                 assert b"vllm:num_requests_waiting" in response.read()
 
+        def shard_figures_exported() -> bool:
+            with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+                text = response.read().decode()
+            lines = [line for line in text.splitlines() if line.startswith("llmgw_shard_memory_bytes{")]
+            return len(lines) == 2 and all('model="demo"' in line and 'shard="demo-r' in line for line in lines)
+
+        # The agent measures each engine's process group; /metrics labels it with its replica and model.
+        wait_until(shard_figures_exported, 60, "both demo shards' memory in /metrics")
+
         def engines_up() -> bool:
             active = get_json(f"http://127.0.0.1:{stack.prometheus_port}/api/v1/targets")["data"]["activeTargets"]
             engines = [t for t in active if t["labels"].get("job") == "llmgw-engines"]
