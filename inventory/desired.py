@@ -21,7 +21,7 @@ LISTEN = "0.0.0.0"
 
 @dataclass
 class _Cached:
-    version: int
+    version: tuple[int, int]
     read_at: float
     shards: list[Shard]
     specs: list[protocol.ShardSpec]
@@ -46,7 +46,7 @@ def sync_node(
     reads them, and writes happen only for what a report changed. `use_cache`
     False (Redis is known to be down) goes to the database without asking Redis.
     """
-    version = shardversion.current() if use_cache else None
+    version = shardversion.current(node_id) if use_cache else None
     cached = _cache.get(node_id)
     if (
         cached is not None

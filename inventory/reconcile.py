@@ -272,7 +272,7 @@ def _commit(placed: list[tuple[Replica, Placement]], now: datetime) -> None:
         Replica.objects.filter(pk__in=pks).update(
             state=ReplicaState.PLACED, reason=reason, changed_at=now, fabric=fabric
         )
-    shardversion.bump()
+    shardversion.bump(part.node_id for _, placement in placed for part in placement.shards)
 
 
 def _cordon_drained(now: datetime, result: ReconcileResult) -> None:

@@ -67,14 +67,14 @@ def fail_replicas(replica_ids: Iterable[str], reason: str, now: datetime | None 
                 "replica_id", flat=True
             )
         )
+        shards = Shard.objects.filter(replica__replica_id__in=changing)
+        nodes = set(shards.values_list("node_id", flat=True))
         Replica.objects.filter(replica_id__in=changing).update(state=ReplicaState.FAILED, reason=reason, changed_at=now)
-        Shard.objects.filter(replica__replica_id__in=changing).update(
-            state=ReplicaState.FAILED, reason=reason, changed_at=now
-        )
+        shards.update(state=ReplicaState.FAILED, reason=reason, changed_at=now)
         # Allocations go even for replicas no row describes: whatever held
         # resources for a dead replica must free them.
         Allocation.objects.filter(replica_id__in=ids).delete()
-    shardversion.bump()
+    shardversion.bump(nodes)
     return sorted(changing)
 
 
@@ -92,8 +92,10 @@ def begin_release(replicas: Iterable[Replica], reason: str, now: datetime | None
         Replica.objects.filter(pk__in=pending, state=ReplicaState.PENDING).delete()
         changed = list(Replica.objects.filter(pk__in=placed, state__in=RUN_STATES).values_list("pk", flat=True))
         Replica.objects.filter(pk__in=changed).update(state=ReplicaState.RELEASING, reason=reason, changed_at=now)
-        Shard.objects.filter(replica__in=changed).update(state=ReplicaState.RELEASING, reason=reason, changed_at=now)
-    shardversion.bump()
+        shards = Shard.objects.filter(replica__in=changed)
+        nodes = set(shards.values_list("node_id", flat=True))
+        shards.update(state=ReplicaState.RELEASING, reason=reason, changed_at=now)
+    shardversion.bump(nodes)
     return sorted(r.replica_id for r in replicas if r.pk in set(pending) | set(changed))
 
 
@@ -103,11 +105,12 @@ def finish_release(shard_ids: Iterable[str]) -> list[str]:
     if not ids:
         return []
     with transaction.atomic():
-        replica_pks = set(Shard.objects.filter(shard_id__in=ids).values_list("replica_id", flat=True))
+        rows = set(Shard.objects.filter(shard_id__in=ids).values_list("replica_id", "node_id"))
         Allocation.objects.filter(shard_id__in=ids).delete()
         Shard.objects.filter(shard_id__in=ids, state=ReplicaState.RELEASING).delete()
+        replica_pks = {replica_pk for replica_pk, _ in rows}
         Replica.objects.filter(pk__in=replica_pks, state=ReplicaState.RELEASING, shards__isnull=True).delete()
-    shardversion.bump()
+    shardversion.bump(node_id for _, node_id in rows)
     return ids
 
 
@@ -126,6 +129,7 @@ _REPORTED = {
 class ReportEffects:
     """What an agent's report would change, worked out without writing anything."""
 
+    node_id: str
     changed: list[tuple[Shard, str, str, int]] = field(default_factory=list)
     stopped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
@@ -144,7 +148,7 @@ def read_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.S
     stopped, and a started shard it does not list is no longer running.
     """
     reported = {status.shard: status for status in reports}
-    effects = ReportEffects()
+    effects = ReportEffects(node_id)
     for shard in shards:
         status = reported.get(shard.shard_id)
         if shard.state == ReplicaState.RELEASING:
@@ -176,7 +180,7 @@ def apply_reports(effects: ReportEffects) -> set[str]:
     if changed:
         Shard.objects.bulk_update(changed, ["state", "reason", "metrics_port", "changed_at"])
         roll_up({shard.replica_id for shard in changed}, now)
-        shardversion.bump()
+        shardversion.bump([effects.node_id])
     for replica_id, reason in effects.failed.items():
         fail_replicas([replica_id], reason, now)
     finish_release(effects.stopped)

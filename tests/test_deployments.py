@@ -300,3 +300,19 @@ def test_setup_demo_creates_a_demo_deployment_once_that_places_on_a_cpu_node(tmp
     for spec in specs:
         assert spec.command[:3] == ["python3", "-m", "agent.demo_engine"]
         assert spec.command[spec.command.index("--port") + 1] == str(spec.port)
+
+
+def test_a_change_on_one_node_leaves_the_other_nodes_cached(db, django_assert_num_queries):
+    node("a")
+    node("b")
+    d = deployment(replicas=2)
+    reconcile()
+    a_before, b_before = sync_node("a", []), sync_node("b", [])
+    (b_spec,) = b_before
+    sync_node("b", [protocol.ShardStatus(shard=b_spec.shard, state="running")])
+    with django_assert_num_queries(0):
+        assert sync_node("a", []) == a_before
+    # A deployment's new arguments reach every node.
+    d.arguments = "--max-model-len 8192"
+    d.save()
+    assert sync_node("a", [])[0].command[-2:] == ["--max-model-len", "8192"]

@@ -202,10 +202,10 @@ def _free_deleted_replica(sender, instance: Replica, **kwargs) -> None:
     the engines stop before their GPUs are handed out again.
     """
     Allocation.objects.filter(replica_id=instance.replica_id).delete()
-    shardversion.bump()
+    shardversion.bump(instance.shards.values_list("node_id", flat=True))
 
 
 @receiver(post_save, sender=Deployment)
 def _deployment_changed(sender, instance: Deployment, **kwargs) -> None:
-    """New arguments or engine change the commands agents are given."""
+    """New arguments or engine change the commands agents are given, on any node."""
     shardversion.bump()
