@@ -1,7 +1,7 @@
 from django.conf import settings
 from django.urls import path
 
-from nodes import health
+from nodes import health, targets
 from nodes.api import views as api
 from nodes.metrics import views as metrics
 
@@ -11,6 +11,8 @@ urlpatterns = [
     # The agent API (docs/protocol.md).
     path("api/v1/register", api.register, name="api-register"),
     path("api/v1/heartbeat", api.heartbeat, name="api-heartbeat"),
+    # Prometheus' service discovery of the engines (docs/placement.md).
+    path("api/v1/prometheus/targets", targets.prometheus_targets, name="prometheus-targets"),
     # Fleet metrics (nodes/metrics/).
     path("metrics", metrics.metrics, name="metrics"),
 ]
