@@ -1,0 +1,53 @@
+"""Template helpers for the operator pages: sizes, ages, bars and the state badge."""
+
+from __future__ import annotations
+
+from django import template
+
+from inventory.models import STATE_COLOURS, NodeState
+
+register = template.Library()
+
+
+@register.filter
+def gib(value: int | float | None) -> str:
+    """Bytes as GiB with one decimal (or TiB past 1024 GiB); "—" when unknown."""
+    if value is None:
+        return "—"
+    gibibytes = value / 2**30
+    if gibibytes >= 1024:
+        return f"{gibibytes / 1024:.1f} TiB"
+    return f"{gibibytes:.1f} GiB"
+
+
+@register.filter
+def age(seconds: float | None) -> str:
+    """A duration as the page shows it: 4 s, 3 min, 2 h, 5 d."""
+    if seconds is None:
+        return "never"
+    seconds = max(int(seconds), 0)
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 2 * 3600:
+        return f"{seconds // 60} min"
+    if seconds < 2 * 86400:
+        return f"{seconds // 3600} h"
+    return f"{seconds // 86400} d"
+
+
+@register.filter
+def bar_class(percent: float | None) -> str:
+    """The CSS class that sets a bar's width, in whole percent.
+
+    A class rather than a style attribute, so the pages work under a content
+    security policy that forbids inline styles.
+    """
+    if percent is None:
+        return "p0"
+    return f"p{min(max(round(percent), 0), 100)}"
+
+
+@register.inclusion_tag("partials/state_badge.html")
+def state_badge(state: str) -> dict:
+    state = NodeState(state)
+    return {"state": state, "colour": STATE_COLOURS[state]}
