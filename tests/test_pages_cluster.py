@@ -12,6 +12,7 @@ from agent.protocol import Load
 from inventory.models import Node
 from inventory.registration import upsert_inventory
 from nodes import loadstore
+from nodes.views.summary import TOTALS_KEY, TOTALS_MAX_AGE
 from tests.conftest import make_inventory
 from tests.pages_fleet import make_fleet
 from tests.services import free_port
@@ -238,9 +239,23 @@ def test_query_count_does_not_grow_with_the_fleet(viewer, client, redis_client, 
         Node.objects.all().delete()
         make_fleet(size, prefix=prefix)
         for url in ("/", "/?sort=-cpu&state=ready", "/?sort=gpus&label=zone=a&gpu=H100-80GB"):
-            # Pinned: session, user, fleet states, GPUs by class, count (or the matching ids when
-            # sorting by load), the page, and four prefetches.
-            with django_assert_num_queries(10) as captured:
+            # Session, user, states, count (or the matching ids when sorting by load), the page and
+            # four prefetches; when the shared fleet totals have expired, also the ids and the GPUs.
+            redis_client.delete(TOTALS_KEY)
+            with django_assert_num_queries(11) as computing:
                 assert client.get(url, **extra).status_code == 200
-            counts.append(len(captured))
+            with django_assert_num_queries(9) as shared:
+                assert client.get(url, **extra).status_code == 200
+            counts.append((len(computing), len(shared)))
     assert counts[:3] == counts[3:]
+
+
+def test_fleet_totals_are_shared_for_a_refresh_period(viewer_client, cluster, redis_client):
+    loadstore.save("ready-1", load(50.0), time.time())
+    assert "96.0</span> of 192 cores busy" in viewer_client.get("/").content.decode()
+    loadstore.save("cordoned-1", load(50.0), time.time())
+    assert "96.0</span> of 192 cores busy" in viewer_client.get("/").content.decode()
+    ttl = redis_client.pttl(TOTALS_KEY)
+    assert 0 < ttl <= TOTALS_MAX_AGE * 1000
+    redis_client.delete(TOTALS_KEY)
+    assert "192.0</span> of 384 cores busy" in viewer_client.get("/").content.decode()

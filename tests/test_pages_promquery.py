@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import socket
 import threading
 import time
@@ -32,7 +33,7 @@ def test_grid_is_an_hour_of_aligned_steps():
     assert len(times) == 3600 // 15 + 1
     assert times[-1] % 15 == 0 and 1_000_007.0 - 15 < times[-1] <= 1_000_007.0
     assert times[0] == times[-1] - 3600
-    assert all(b - a == 15 for a, b in zip(times, times[1:], strict=False))
+    assert all(b - a == 15 for a, b in itertools.pairwise(times))
 
 
 def test_align_places_points_on_the_grid_and_names_series():

@@ -9,21 +9,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models import Case, Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce
 from django.http import QueryDict
 from django.shortcuts import render
-from django.utils import timezone
 from django.views.decorators.http import require_GET
 
-from inventory.models import GPU, AdminState, GPUClaim, Liveness, Node, NodeState, derive_state
+from inventory.models import GPU, AdminState, GPUClaim, Liveness, Node, NodeState
 from inventory.models.gpus import HEALTH_OK
 from inventory.queries import STATE_FILTERS, gpu_class_filter, label_filter
 from nodes.views.access import login_required
-from nodes.views.loads import Reading, fetch_readings
+from nodes.views.loads import fetch_readings
+from nodes.views.rows import ROW_FIELDS, node_rows
+from nodes.views.summary import summary
 
 PAGE_SIZE = 100
 MAX_TEXT = 200
@@ -146,121 +146,14 @@ class TableQuery:
         return cells
 
 
-@dataclass
-class NodeRow:
-    """One row of the table; every figure is computed from prefetched rows and the node's reading."""
-
-    node: Node
-    reading: Reading
-    now: float
-
-    @property
-    def state(self) -> NodeState:
-        return self.node.state
-
-    @property
-    def stands_out(self) -> bool:
-        return self.state in (NodeState.UNREACHABLE, NodeState.LOST)
-
-    @property
-    def gpus_total(self) -> int:
-        return len(self.node.gpus.all())
-
-    @property
-    def gpus_free(self) -> int:
-        return len(self.node.free_gpus())
-
-    @property
-    def gpu_classes(self) -> str:
-        return ", ".join(sorted(self.node.gpus_by_class()))
-
-    @property
-    def disk(self) -> tuple[int, int] | None:
-        return self.node.local_disk()
-
-    @property
-    def engines(self) -> int:
-        return len(self.node.allocations.all())
-
-    @property
-    def heartbeat_age(self) -> float | None:
-        if self.node.last_heartbeat is None:
-            return None
-        return self.now - self.node.last_heartbeat.timestamp()
-
-    @property
-    def labels(self) -> list[str]:
-        return [f"{key}={value}" for key, value in sorted(self.node.all_labels.items())]
-
-
-@dataclass
-class GPUClassCount:
-    gpu_class: str
-    free: int
-    total: int
-
-
-@dataclass
-class Summary:
-    """The fleet at a glance: nodes by state, cores busy, RAM used, GPUs free by class."""
-
-    total: int = 0
-    states: list[tuple[NodeState, int]] = field(default_factory=list)
-    reporting: int = 0
-    cores_busy: float = 0.0
-    cores_total: int = 0
-    memory_used: int = 0
-    memory_total: int = 0
-    gpus: list[GPUClassCount] = field(default_factory=list)
-
-    @property
-    def cpu_percent(self) -> float | None:
-        return 100 * self.cores_busy / self.cores_total if self.cores_total else None
-
-    @property
-    def memory_percent(self) -> float | None:
-        return 100 * self.memory_used / self.memory_total if self.memory_total else None
-
-
-def fleet(now: float) -> tuple[Summary, dict[str, Reading], str | None]:
-    """The summary and every node's reading, in two queries and one Redis round trip.
-
-    The whole fleet's loads are needed for the CPU and RAM totals anyway, so
-    the table reuses them for its rows and for sorting by load.
-    """
-    nodes = [
-        (pk, derive_state(admin, liveness))
-        for pk, admin, liveness in Node.objects.values_list("id", "admin_state", "liveness")
-    ]
-    readings, problem = fetch_readings((pk for pk, _ in nodes), now)
-    counts = Counter(state for _, state in nodes)
-    summary = Summary(total=len(nodes), states=[(state, counts.get(state, 0)) for state in NodeState])
-    for reading in readings.values():
-        load = reading.load
-        if load is None:
-            continue
-        summary.reporting += 1
-        summary.cores_busy += reading.cores_busy
-        summary.cores_total += load.cpus
-        summary.memory_used += load.memory_used_bytes
-        summary.memory_total += reading.memory_total
-    claimed = GPUClaim.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
-    by_class = (
-        GPU.objects.order_by()
-        .values("gpu_class")
-        .annotate(total=Count("id"), free=Count("id", filter=Q(health=HEALTH_OK) & ~Q(Exists(claimed))))
-        .order_by("gpu_class")
-    )
-    summary.gpus = [GPUClassCount(row["gpu_class"], row["free"], row["total"]) for row in by_class]
-    return summary, readings, problem
-
-
-def table_page(query: TableQuery, readings: dict[str, Reading], now: float) -> dict:
-    """The rows of the asked-for page, and what the pager needs."""
+def table_page(query: TableQuery, now: float) -> dict:
+    """The rows of the asked-for page, what the pager needs, and any problem reading loads."""
     nodes = query.nodes()
     if query.sort in LOAD_SORTS:
+        # Sorting by load needs the load of every matching node: one MGET for all of them.
         key = LOAD_SORTS[query.sort]
         ids = list(nodes.values_list("id", flat=True))
+        readings, problem = fetch_readings(ids, now)
         known = [pk for pk in ids if readings[pk].load is not None]
         unknown = [pk for pk in ids if readings[pk].load is None]
         known.sort(key=lambda pk: (key(readings[pk]), pk), reverse=query.descending)
@@ -269,7 +162,7 @@ def table_page(query: TableQuery, readings: dict[str, Reading], now: float) -> d
         pages = max(math.ceil(count / PAGE_SIZE), 1)
         page = min(query.page, pages)
         page_ids = ordered[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
-        by_id = {node.pk: node for node in _with_related(Node.objects.filter(pk__in=page_ids))}
+        by_id = {node.pk: node for node in Node.objects.filter(pk__in=page_ids).only(*ROW_FIELDS)}
         page_nodes = [by_id[pk] for pk in page_ids if pk in by_id]
     else:
         annotations, order = DB_SORTS[query.sort]
@@ -280,14 +173,10 @@ def table_page(query: TableQuery, readings: dict[str, Reading], now: float) -> d
         count = nodes.count()
         pages = max(math.ceil(count / PAGE_SIZE), 1)
         page = min(query.page, pages)
-        page_nodes = list(_with_related(nodes.order_by(*order))[(page - 1) * PAGE_SIZE : page * PAGE_SIZE])
-    rows = [NodeRow(node, readings.get(node.pk) or Reading(None, now), now) for node in page_nodes]
-    return {"rows": rows, "count": count, "page": page, "pages": pages}
-
-
-def _with_related(nodes: QuerySet) -> QuerySet:
-    # Everything a row shows, in a fixed number of queries whatever the page holds.
-    return nodes.prefetch_related("gpus", "gpu_claims", "filesystems", "allocations")
+        page_nodes = list(nodes.only(*ROW_FIELDS).order_by(*order)[(page - 1) * PAGE_SIZE : page * PAGE_SIZE])
+        readings, problem = fetch_readings([node.pk for node in page_nodes], now)
+    rows = node_rows(page_nodes, readings, now, problem)
+    return {"rows": rows, "count": count, "page": page, "pages": pages, "table_problem": problem}
 
 
 @require_GET
@@ -295,16 +184,16 @@ def _with_related(nodes: QuerySet) -> QuerySet:
 def cluster(request):
     now = time.time()
     query = TableQuery.from_get(request.GET)
-    summary, readings, load_problem = fleet(now)
+    fleet = summary(now)
+    table = table_page(query, now)
     context = {
         "query": query,
-        "summary": summary,
-        "load_problem": load_problem,
+        "summary": fleet,
+        "load_problem": table["table_problem"] or fleet.problem,
         "columns": query.columns(),
         "states": list(NodeState),
-        "gpu_classes": [row.gpu_class for row in summary.gpus],
-        "generated_at": timezone.now(),
-        **table_page(query, readings, now),
+        "gpu_classes": [row.gpu_class for row in fleet.totals.gpus],
+        **table,
     }
     template = "nodes/cluster.html#refresh" if request.htmx else "nodes/cluster.html"
     return render(request, template, context)

@@ -1,0 +1,156 @@
+"""The fleet at a glance, for the top of the cluster page.
+
+Node counts by state are one cheap GROUP BY and are always current. The CPU,
+RAM and GPU totals need every node's load and every GPU, which at 10,000 nodes
+costs more than a refresh should; they are computed by whichever request finds
+them missing and shared through Redis for TOTALS_MAX_AGE seconds (the page's
+own refresh period), so all workers and all operators share one computation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import msgspec
+import redis
+from django.conf import settings
+from django.db.models import Count, Exists, OuterRef, Q
+
+from inventory.models import GPU, GPUClaim, Node, NodeState, derive_state
+from inventory.models.gpus import HEALTH_OK
+from nodes import loadstore
+from nodes.views.loads import REDIS_DOWN
+
+log = logging.getLogger(__name__)
+
+TOTALS_KEY = "llmgw:pages:fleet-totals"
+TOTALS_MAX_AGE = 5.0
+
+
+class GPUClassCount(msgspec.Struct, array_like=True):
+    gpu_class: str
+    free: int
+    total: int
+
+
+class FleetTotals(msgspec.Struct):
+    """What the whole fleet is using, from every fresh load, and its GPUs by class."""
+
+    computed_at: float
+    reporting: int = 0
+    cores_busy: float = 0.0
+    cores_total: int = 0
+    memory_used: int = 0
+    memory_total: int = 0
+    gpus: list[GPUClassCount] = []
+    load_known: bool = True
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(FleetTotals)
+
+
+class _Figures(msgspec.Struct):
+    cpu_percent: float
+    cpus: int
+    memory_used_bytes: int = 0
+    memory_available_bytes: int = 0
+
+
+class _StoredFigures(msgspec.Struct):
+    received_at: float
+    load: _Figures
+
+
+# Reads only the four figures the totals need out of each stored load: decoding
+# 10,000 whole loads, per-shard lists and all, costs several times more.
+_figures_decoder = msgspec.msgpack.Decoder(_StoredFigures)
+
+
+@dataclass
+class Summary:
+    total: int
+    states: list[tuple[NodeState, int]]
+    totals: FleetTotals
+    problem: str | None = None
+
+    @property
+    def cpu_percent(self) -> float | None:
+        t = self.totals
+        return 100 * t.cores_busy / t.cores_total if t.cores_total else None
+
+    @property
+    def memory_percent(self) -> float | None:
+        t = self.totals
+        return 100 * t.memory_used / t.memory_total if t.memory_total else None
+
+
+def state_counts() -> tuple[int, list[tuple[NodeState, int]]]:
+    counts: Counter[NodeState] = Counter()
+    for row in Node.objects.order_by().values("admin_state", "liveness").annotate(n=Count("id")):
+        counts[derive_state(row["admin_state"], row["liveness"])] += row["n"]
+    return sum(counts.values()), [(state, counts.get(state, 0)) for state in NodeState]
+
+
+def gpus_by_class() -> list[GPUClassCount]:
+    """Free and total GPUs per class; a GPU is free when healthy and claimed by no shard."""
+    claimed = GPUClaim.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
+    rows = (
+        GPU.objects.order_by()
+        .values("gpu_class")
+        .annotate(total=Count("id"), free=Count("id", filter=Q(health=HEALTH_OK) & ~Q(Exists(claimed))))
+        .order_by("gpu_class")
+    )
+    return [GPUClassCount(row["gpu_class"], row["free"], row["total"]) for row in rows]
+
+
+def compute_totals(now: float) -> FleetTotals:
+    """Sum every fresh load (one query for the ids, one MGET); raises redis errors."""
+    ids = list(Node.objects.values_list("id", flat=True))
+    totals = FleetTotals(computed_at=now)
+    oldest = now - settings.LLMGW_LOAD_MAX_AGE
+    for raw in loadstore.client().mget([loadstore.key(node_id) for node_id in ids]) if ids else []:
+        if raw is None:
+            continue
+        try:
+            stored = _figures_decoder.decode(raw)
+        except msgspec.DecodeError:
+            continue
+        if stored.received_at < oldest:
+            continue
+        load = stored.load
+        totals.reporting += 1
+        totals.cores_busy += load.cpu_percent / 100 * load.cpus
+        totals.cores_total += load.cpus
+        totals.memory_used += load.memory_used_bytes
+        totals.memory_total += load.memory_used_bytes + load.memory_available_bytes
+    totals.gpus = gpus_by_class()
+    return totals
+
+
+def fleet_totals(now: float) -> tuple[FleetTotals, str | None]:
+    """The shared totals if fresh enough, else computed now and shared."""
+    client = loadstore.client()
+    try:
+        raw = client.get(TOTALS_KEY)
+        if raw is not None:
+            try:
+                return _decoder.decode(raw), None
+            except msgspec.DecodeError:
+                pass
+        totals = compute_totals(now)
+        client.set(TOTALS_KEY, _encoder.encode(totals), px=int(TOTALS_MAX_AGE * 1000))
+        return totals, None
+    except redis.RedisError as exc:
+        log.warning("cluster summary without loads: %s", exc)
+        return FleetTotals(computed_at=now, gpus=gpus_by_class(), load_known=False), REDIS_DOWN
+
+
+def summary(now: float | None = None) -> Summary:
+    now = now if now is not None else time.time()
+    total, states = state_counts()
+    totals, problem = fleet_totals(now)
+    return Summary(total=total, states=states, totals=totals, problem=problem)
