@@ -134,8 +134,10 @@ def query_range(
 
 
 def grid(now: float, span: int = SPAN, step: int = STEP) -> list[float]:
-    """The shared time axis: step-aligned, so every query's points land on it."""
-    end = math.floor(now / step) * step
+    """The shared time axis, ending now: every query asks for the same start and step, so
+    their points land on it. Ending at now rather than at the last round step keeps the
+    newest samples on the chart."""
+    end = math.floor(now)
     return [float(end - span + i * step) for i in range(span // step + 1)]
 
 

@@ -43,6 +43,8 @@
           stroke: PALETTE[i % PALETTE.length],
           width: 1.5,
           value: (u, v) => format(chart.unit, v),
+          // A young or gappy series is a few points: show them, or nothing would be seen.
+          points: { show: countPoints([chart.values[i]]) < 60 },
         })),
       ],
       axes: [axis, { ...axis, size: 64, values: (u, ticks) => ticks.map((v) => format(chart.unit, v)) }],

@@ -1,0 +1,59 @@
+"""Real-browser tests: Debian's chromium, driven by the playwright package, against a live server.
+
+Never `playwright install`: it downloads a browser, which fails offline. The
+system chromium comes from `scripts/system-packages --with-browser`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+# Playwright's synchronous API runs an event loop in the test's thread, and
+# Django then refuses ORM calls from that thread; the tests set up data with
+# the ORM between browser steps, never concurrently with the loop's own work.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not shutil.which(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/system-packages --with-browser (apt-get install chromium)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    page = context.new_page()
+    page.set_default_timeout(15_000)
+    yield page
+    context.close()
+
+
+def log_in(page, base_url: str, username: str, password: str, path: str = "/") -> None:
+    """Log in through the real login form, arriving at `path`."""
+    page.goto(base_url + path)
+    assert "/admin/login/" in page.url
+    page.fill("#id_username", username)
+    page.fill("#id_password", password)
+    page.click("input[type=submit]")
+    page.wait_for_url(base_url + path)
