@@ -9,7 +9,7 @@ from django.db import models
 from inventory.models.nodes import Node
 
 _VENDOR_WORDS = re.compile(r"\b(NVIDIA|Tesla|GeForce|Quadro|AMD|Instinct|Radeon)\b", re.IGNORECASE)
-_MODEL = re.compile(r"\b(RTX\s?)?([A-Z]{1,3}\d{1,4}[A-Z]{0,2})\b", re.IGNORECASE)
+_MODEL = re.compile(r"\b(RTX\s?\d{4}[A-Z]{0,2}|[A-Z]{1,3}\d{1,4}[A-Z]{0,2})\b", re.IGNORECASE)
 _MEMORY_IN_NAME = re.compile(r"(\d{1,3})\s?GB\b", re.IGNORECASE)
 
 HEALTH_OK = "ok"
@@ -24,9 +24,7 @@ def gpu_class(name: str, memory_bytes: int = 0) -> str:
     """
     stripped = _VENDOR_WORDS.sub(" ", name)
     match = _MODEL.search(stripped)
-    model = (
-        ((match.group(1) or "") + match.group(2)).replace(" ", "").upper() if match else stripped.strip() or "unknown"
-    )
+    model = match.group(1).replace(" ", "").upper() if match else " ".join(stripped.split()) or "unknown"
     memory = _MEMORY_IN_NAME.search(stripped)
     if memory:
         gigabytes = int(memory.group(1))
