@@ -1,4 +1,6 @@
+from django.templatetags.static import static
 from django.urls import path
+from django.views.generic import RedirectView
 
 from nodes import health, views
 
@@ -10,4 +12,6 @@ urlpatterns = [
     path("nodes/<str:node_id>/", views.node, name="node"),
     path("nodes/<str:node_id>/charts/", views.node_charts, name="node-charts"),
     path("nodes/<str:node_id>/admin-state/", views.set_node_admin_state, name="node-admin-state"),
+    # Browsers ask for /favicon.ico on every page, the admin's included.
+    path("favicon.ico", RedirectView.as_view(url=static("llmgw/favicon.svg"), permanent=True)),
 ]

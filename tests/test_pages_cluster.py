@@ -259,3 +259,12 @@ def test_fleet_totals_are_shared_for_a_refresh_period(viewer_client, cluster, re
     assert 0 < ttl <= TOTALS_MAX_AGE * 1000
     redis_client.delete(TOTALS_KEY)
     assert "192.0</span> of 384 cores busy" in viewer_client.get("/").content.decode()
+
+
+def test_no_inline_script_so_a_strict_policy_holds(viewer_client, cluster, redis_client):
+    response = viewer_client.get("/")
+    assert "script-src 'self'" in response["Content-Security-Policy"]
+    html = response.content.decode()
+    for tag in re.findall(r"<script[^>]*>", html):
+        assert "src=" in tag, tag
+    assert " style=" not in html

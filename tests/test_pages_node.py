@@ -259,3 +259,12 @@ def test_query_count_does_not_grow_with_the_fleet(viewer, client, redis_client, 
             assert client.get(f"/nodes/{prefix}00003/", **extra).status_code == 200
         counts.append(len(captured))
     assert counts[0] == counts[1]
+
+
+def test_no_inline_script_so_a_strict_policy_holds(viewer_client, cluster, settings):
+    settings.PROMETHEUS_URL = f"http://127.0.0.1:{free_port()}"
+    for url in ("/nodes/ready-1/", "/nodes/ready-1/charts/"):
+        html = viewer_client.get(url).content.decode()
+        for tag in re.findall(r"<script[^>]*>", html):
+            assert "src=" in tag or 'type="application/json"' in tag, tag
+        assert " style=" not in html

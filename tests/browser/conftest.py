@@ -42,11 +42,18 @@ def browser():
 
 @pytest.fixture
 def page(browser):
+    """A fresh browser tab; any script error or refused resource (a CSP violation) fails the test."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     page = context.new_page()
     page.set_default_timeout(15_000)
+    errors = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
     yield page
     context.close()
+    # A page that cannot load a resource because the test stopped its server says so too.
+    unexpected = [e for e in errors if "ERR_CONNECTION_REFUSED" not in e]
+    assert not unexpected, unexpected
 
 
 def log_in(page, base_url: str, username: str, password: str, path: str = "/") -> None:
