@@ -100,8 +100,8 @@ def test_cpu_and_ram_bars_carry_the_values(viewer_client, cluster, redis_client)
     loadstore.save("ready-1", load(42.4, used_gib=128, available_gib=384), time.time())
     html = viewer_client.get("/").content.decode()
     row = re.search(r'<tr id="node-ready-1".*?</tr>', html, re.S).group(0)
-    assert re.search(r'<td class="cpu" data-percent="42.4">\s*<div class="bar"><span class="fill p42">', row)
-    assert re.search(r'<td class="ram" data-percent="25.0"[^>]*>\s*<div class="bar"><span class="fill p25">', row)
+    assert re.search(r'<td class="cpu" data-percent="42.4">\s*<span class="bar"><span class="fill p42">', row)
+    assert re.search(r'<td class="ram" data-percent="25.0"[^>]*>\s*<span class="bar"><span class="fill p25">', row)
     assert "42% · 81.4/192" in row
     assert "128.0 GiB / 512.0 GiB" in row
     assert "384.0 GiB avail." in row

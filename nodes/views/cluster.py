@@ -142,7 +142,8 @@ class TableQuery:
             if sort is not None and sort == self.sort:
                 active = "descending" if self.descending else "ascending"
                 link = sort if self.descending else f"-{sort}"
-            cells.append({"label": label, "sort": link, "active": active, "numeric": numeric})
+            key = label.split()[0].lower()
+            cells.append({"label": label, "key": key, "sort": link, "active": active, "numeric": numeric})
         return cells
 
 
