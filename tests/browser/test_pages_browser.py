@@ -76,10 +76,10 @@ def test_cluster_page_bars_match_the_values(page, live_server, operator, cluster
 def test_a_heartbeat_changes_the_table_without_a_reload(page, live_server, operator, cluster, redis_client):
     loadstore.save("ready-1", load(10.0, used_gib=64, available_gib=448), time.time())
     # A short window, so the page scrolls and the test can see the position survive.
-    page.set_viewport_size({"width": 1280, "height": 420})
+    page.set_viewport_size({"width": 1280, "height": 240})
     log_in(page, live_server.url, "operator", "operator-pass")
     page.evaluate("window.__notReloaded = 'still here'")
-    page.evaluate("window.scrollTo(0, 120)")
+    page.evaluate("window.scrollTo(0, 100)")
     scrolled = page.evaluate("window.scrollY")
     assert scrolled > 0
     assert page.locator('[data-count="ready"]').inner_text() == "1"
