@@ -54,6 +54,8 @@ def test_anonymous_is_sent_to_login(client, cluster):
 
 def test_unknown_node_is_404_and_stops_a_poll(viewer_client, db):
     assert viewer_client.get("/nodes/nope/").status_code == 404
+    assert viewer_client.get("/nodes/no%00pe/").status_code == 404
+    assert viewer_client.get("/nodes/no%00pe/charts/").status_code == 404
     assert viewer_client.get("/nodes/nope/", **HTMX).status_code == 286
     assert viewer_client.get("/nodes/nope/charts/", **HTMX).status_code == 286
 
@@ -231,6 +233,11 @@ def test_unknown_action_changes_nothing(operator_client, cluster):
     response = operator_client.post("/nodes/ready-1/admin-state/", {"action": "reboot", "reason": "x"}, follow=True)
     assert "Unknown action." in response.content.decode()
     assert Node.objects.get(pk="ready-1").admin_state == AdminState.ACTIVE
+
+
+def test_action_on_a_node_that_cannot_exist(operator_client, db):
+    response = operator_client.post("/nodes/a%00b/admin-state/", {"action": "cordon", "reason": "x"})
+    assert response.status_code == 404
 
 
 def test_viewer_cannot_act(viewer_client, cluster):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from django.contrib import messages
-from django.http import HttpResponseForbidden
+from django.http import Http404, HttpResponseForbidden
 from django.shortcuts import get_object_or_404, redirect
 from django.views.decorators.http import require_POST
 
 from inventory.models import Node
 from inventory.operator import ACTIONS, ReasonRequired, set_admin_state
 from nodes.views.access import login_required
+from nodes.views.node import valid_id
 
 MAX_REASON = 2000
 
@@ -19,6 +20,8 @@ MAX_REASON = 2000
 def set_node_admin_state(request, node_id: str):
     if not request.user.has_perm("inventory.change_node"):
         return HttpResponseForbidden("Only operators may change a node's admin state.")
+    if not valid_id(node_id):
+        raise Http404("no such node")
     node = get_object_or_404(Node, pk=node_id)
     action = request.POST.get("action", "")
     reason = request.POST.get("reason", "")[:MAX_REASON]

@@ -84,6 +84,11 @@ COLUMNS = (
 )
 
 
+def _text(get: QueryDict, name: str) -> str:
+    # PostgreSQL refuses NUL in text, and nothing we store contains one.
+    return get.get(name, "").replace("\x00", "").strip()[:MAX_TEXT]
+
+
 @dataclass
 class TableQuery:
     """What the URL asks of the table. Anything malformed falls back to the default."""
@@ -104,9 +109,9 @@ class TableQuery:
         sort = sort.removeprefix("-")
         query.sort = sort if sort in DB_SORTS or sort in LOAD_SORTS else "id"
         query.state = get.get("state", "") if get.get("state", "") in STATE_FILTERS else ""
-        query.label = get.get("label", "").strip()[:MAX_TEXT]
-        query.gpu = get.get("gpu", "").strip()[:MAX_TEXT]
-        query.q = get.get("q", "").strip()[:MAX_TEXT]
+        query.label = _text(get, "label")
+        query.gpu = _text(get, "gpu")
+        query.q = _text(get, "q")
         try:
             query.page = max(int(get.get("page", "1")), 1)
         except ValueError:

@@ -66,7 +66,14 @@ def engine_rows(allocations: list[Allocation], load: Load | None) -> list[Engine
     return rows
 
 
+def valid_id(node_id: str) -> bool:
+    """Whether the URL's id could name a node at all (PostgreSQL refuses NUL in a query)."""
+    return "\x00" not in node_id
+
+
 def _node(node_id: str) -> Node:
+    if not valid_id(node_id):
+        raise Http404("no such node")
     queryset = Node.objects.prefetch_related(
         "gpus",
         "filesystems",
@@ -120,7 +127,7 @@ def node(request, node_id: str):
 @require_GET
 @login_required
 def node_charts(request, node_id: str):
-    if not Node.objects.filter(pk=node_id).exists():
+    if not valid_id(node_id) or not Node.objects.filter(pk=node_id).exists():
         if request.htmx:
             return HttpResponseStopPolling()
         raise Http404("no such node")
