@@ -6,7 +6,6 @@ system chromium comes from `scripts/system-packages --with-browser`.
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
@@ -22,19 +21,18 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 
-# Playwright's synchronous API runs an event loop in the test's thread, and
-# Django then refuses ORM calls from that thread; the tests set up data with
-# the ORM between browser steps, never concurrently with the loop's own work.
-os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
 
     if not shutil.which(CHROMIUM):
         pytest.fail(f"{CHROMIUM} is missing: run scripts/system-packages --with-browser (apt-get install chromium)")
-    with sync_playwright() as playwright:
+    # Playwright's synchronous API runs an event loop in the test's thread, and
+    # Django then refuses ORM calls from that thread; the tests set up data with
+    # the ORM between browser steps, never concurrently with the loop's own work.
+    # Only while the browser runs: `check --deploy` rightly refuses the variable.
+    with pytest.MonkeyPatch.context() as patch, sync_playwright() as playwright:
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield browser
         browser.close()
