@@ -177,11 +177,17 @@ def shoot(base: str, user: str, password: str, node: str) -> None:
         page.locator("#node-charts .chart, #node-charts .history-unavailable").first.wait_for(timeout=15_000)
         page.wait_for_timeout(500)  # let uPlot lay out after the swap
         page.screenshot(path=str(OUT / "node.png"), full_page=True)
-        phone = browser.new_page(viewport={"width": 390, "height": 844}, storage_state=page.context.storage_state())
+        state = page.context.storage_state()
+        phone = browser.new_page(viewport={"width": 390, "height": 844}, storage_state=state)
         phone.goto(f"{base}/")
         phone.screenshot(path=str(OUT / "cluster-phone.png"))
+        dark = browser.new_page(viewport={"width": 1280, "height": 900}, storage_state=state, color_scheme="dark")
+        dark.goto(f"{base}/nodes/{node}/")
+        dark.locator("#node-charts .chart, #node-charts .history-unavailable").first.wait_for(timeout=15_000)
+        dark.wait_for_timeout(500)
+        dark.screenshot(path=str(OUT / "node-dark.png"))
         browser.close()
-    print(f"saved {OUT / 'cluster.png'}, {OUT / 'node.png'} and {OUT / 'cluster-phone.png'}")
+    print(f"saved cluster.png, node.png, cluster-phone.png and node-dark.png in {OUT}")
 
 
 def demo() -> int:
