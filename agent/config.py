@@ -1,0 +1,213 @@
+"""The agent's YAML configuration: every key, its type, and the one-line error for a bad one.
+
+Key names are fixed in DESIGN.md §5 and documented in docs/agent.md; tests read each
+of them from a file, because a key that binds to nothing fails silently otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+from urllib.parse import urlparse
+
+import msgspec
+import yaml
+
+from agent import protocol
+from agent.engines import DEFAULT_PROBES, ENGINES
+
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+Command = str | list[str]
+
+
+class ConfigError(Exception):
+    """A configuration the agent cannot run with; the message is one line naming the key."""
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True):
+    pass
+
+
+class FabricConfig(_Strict):
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.MAX_TEXT)]
+    hcas: Annotated[
+        list[Annotated[str, msgspec.Meta(min_length=1, max_length=protocol.MAX_TEXT)]],
+        msgspec.Meta(min_length=1, max_length=protocol.MAX_HCAS),
+    ]
+    rate_gbps: Annotated[int, msgspec.Meta(ge=0, le=100_000)] | None = None
+
+
+class ShardConfig(_Strict):
+    shard: str
+    engine: Literal["vllm", "llama.cpp", "sglang", "command"]
+    model: str = ""
+    replica: str = ""
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
+    args: list[str] = []
+    command: list[str] = []
+    env: dict[str, str] = {}
+
+
+class Config(_Strict):
+    control_plane: str
+    node_id: str = ""
+    join_token: str = ""
+    join_token_file: str = ""
+    state_dir: str = "/var/lib/llmgw-agent"
+    interval: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 5.0
+    labels: dict[str, str] = {}
+    model_dirs: list[str] = []
+    fabrics: Annotated[list[FabricConfig], msgspec.Meta(max_length=protocol.MAX_FABRICS)] = []
+    engines: (
+        Annotated[
+            dict[Annotated[str, msgspec.Meta(max_length=protocol.MAX_TEXT)], Command],
+            msgspec.Meta(max_length=protocol.MAX_ENGINES),
+        ]
+        | None
+    ) = None
+    shards: Annotated[list[ShardConfig], msgspec.Meta(max_length=protocol.MAX_SHARDS)] = []
+    env: dict[str, str] = {}
+
+    @property
+    def engine_commands(self) -> dict[str, list[str]]:
+        """Each engine's command prefix: the configured one, else the usual binary name."""
+        given = DEFAULT_PROBES if self.engines is None else self.engines
+        return {name: [cmd] if isinstance(cmd, str) else list(cmd) for name, cmd in given.items()}
+
+    def read_join_token(self) -> str:
+        """The join token, re-read from its file each time so an operator can fix it without a restart."""
+        if self.join_token:
+            return self.join_token
+        try:
+            return Path(self.join_token_file).read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"join_token_file: cannot read {self.join_token_file}: {exc.strerror}") from None
+
+
+KEYS = tuple(Config.__struct_fields__)
+
+
+def load(path: str | Path) -> Config:
+    """Read and check the file; raise ConfigError with one line naming the key at fault."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return from_mapping(data if data is not None else {})
+
+
+def from_mapping(data: object) -> Config:
+    if not isinstance(data, dict):
+        raise ConfigError("the file must be a mapping of keys to values")
+    unknown = sorted(str(key) for key in data if key not in KEYS)
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown key (known keys: {', '.join(KEYS)})")
+    if "control_plane" not in data:
+        raise ConfigError("control_plane: required, the URL of the control plane (http://host:port)")
+    try:
+        config = msgspec.convert(data, Config)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_describe(exc)) from None
+    _check(config)
+    if not config.node_id:
+        config.node_id = default_node_id()
+    return config
+
+
+def _describe(exc: msgspec.ValidationError) -> str:
+    # msgspec says "Expected `int`, got `str` - at `$.shards[0].port`"; lead with the key.
+    message, _, where = str(exc).rpartition(" - at ")
+    if not message:
+        return str(exc)
+    key = where.strip("`").removeprefix("$.").replace("[...]", "")
+    return f"{key}: {message[0].lower()}{message[1:]}"
+
+
+def _check(config: Config) -> None:
+    url = urlparse(config.control_plane)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ConfigError(f"control_plane: expected an http:// or https:// URL, got {config.control_plane!r}")
+    if config.node_id and not valid_id(config.node_id):
+        raise ConfigError("node_id: expected letters, digits and . _ : - (starting with a letter or digit)")
+    if config.join_token and config.join_token_file:
+        raise ConfigError("join_token_file: give join_token or join_token_file, not both")
+    if not config.join_token and not config.join_token_file:
+        raise ConfigError("join_token: required (or join_token_file, a file holding it)")
+    if config.join_token_file and not Path(config.join_token_file).is_file():
+        raise ConfigError(f"join_token_file: no such file {config.join_token_file}")
+    if not config.state_dir:
+        raise ConfigError("state_dir: expected a directory path")
+    try:
+        protocol.decode(protocol.encoder.encode(config.labels), protocol.Labels)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"labels: {exc}") from None
+    for name in config.env:
+        if not _ENV_NAME.match(name):
+            raise ConfigError(f"env: {name!r} is not an environment variable name")
+    for name, command in config.engine_commands.items():
+        if not command or not all(command):
+            raise ConfigError(f"engines.{name}: expected a binary or a non-empty list of arguments")
+    seen = set()
+    for i, shard in enumerate(config.shards):
+        where = f"shards[{i}]"
+        if not valid_id(shard.shard):
+            raise ConfigError(f"{where}.shard: expected letters, digits and . _ : - (starting with a letter or digit)")
+        if shard.shard in seen:
+            raise ConfigError(f"{where}.shard: {shard.shard!r} is given twice")
+        seen.add(shard.shard)
+        if shard.engine == "command" and not shard.command:
+            raise ConfigError(f"{where}.command: required when engine is command")
+        if shard.engine != "command" and not shard.model:
+            raise ConfigError(f"{where}.model: required for engine {shard.engine}")
+        if shard.engine != "command" and shard.command:
+            raise ConfigError(f"{where}.command: only for engine command; use args to add to {shard.engine}'s")
+    names = [fabric.name for fabric in config.fabrics]
+    if len(set(names)) != len(names):
+        raise ConfigError("fabrics: a fabric name is given twice")
+
+
+def valid_id(value: str) -> bool:
+    """Whether `value` can name a node or shard on the wire (protocol.NodeId)."""
+    return 0 < len(value) <= protocol.MAX_ID and bool(_NODE_ID.match(value))
+
+
+def shard_specs(config: Config) -> list[protocol.ShardSpec]:
+    """The configured shards, as the same specs the control plane sends."""
+    return [
+        protocol.ShardSpec(
+            shard=shard.shard,
+            replica=shard.replica or shard.shard,
+            model=shard.model,
+            engine=shard.engine,
+            command=ENGINES[shard.engine](config.engine_commands.get(shard.engine), shard),
+            env=dict(shard.env),
+            port=shard.port,
+        )
+        for shard in config.shards
+    ]
+
+
+def default_node_id(etc: Path = Path("/etc")) -> str:
+    """Stable across restarts and reinstalls of the agent: from /etc/machine-id, else the hostname.
+
+    The machine id is hashed because systemd asks applications not to expose it.
+    """
+    try:
+        machine_id = (etc / "machine-id").read_text().strip()
+    except OSError:
+        machine_id = ""
+    if machine_id:
+        return "m-" + hashlib.sha256(f"llmgw-node:{machine_id}".encode()).hexdigest()[:16]
+    hostname = re.sub(r"[^A-Za-z0-9._:-]", "-", socket.gethostname()).lstrip("._:-")
+    return (hostname or "node")[: protocol.MAX_ID]

@@ -1,0 +1,163 @@
+"""A stand-in inference engine for machines without a model. It is a demo, not an engine.
+
+`python -m agent.demo_engine --port 8100` serves a minimal OpenAI-style
+`POST /v1/completions` that burns CPU and holds memory for each request in
+proportion to `max_tokens`, and `GET /metrics` with gauges named as vLLM names
+them (`vllm:num_requests_running`, `vllm:num_requests_waiting`), so the agent,
+Prometheus and the pages have something real to measure. The "text" it returns
+is made up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MAX_TOKENS = 4096
+
+
+class Engine:
+    def __init__(self, model: str, cpu_ms_per_token: float, kib_per_token: int, max_running: int):
+        self.model = model
+        self.cpu_seconds_per_token = cpu_ms_per_token / 1000
+        self.bytes_per_token = kib_per_token * 1024
+        self.slots = threading.Semaphore(max_running)
+        self.lock = threading.Lock()
+        self.running = 0
+        self.waiting = 0
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+
+    def complete(self, prompt: str, max_tokens: int) -> dict:
+        with self.lock:
+            self.waiting += 1
+        with self.slots:
+            with self.lock:
+                self.waiting -= 1
+                self.running += 1
+            try:
+                text = self._generate(prompt, max_tokens)
+            finally:
+                with self.lock:
+                    self.running -= 1
+        prompt_tokens = len(prompt.split())
+        with self.lock:
+            self.prompt_tokens += prompt_tokens
+            self.generation_tokens += max_tokens
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:12]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.model,
+            "choices": [{"index": 0, "text": text, "finish_reason": "length", "logprobs": None}],
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": max_tokens,
+                "total_tokens": prompt_tokens + max_tokens,
+            },
+        }
+
+    def _generate(self, prompt: str, max_tokens: int) -> str:
+        # Memory held for the whole request, touched page by page so it is resident, like a KV cache.
+        cache = bytearray(self.bytes_per_token * max_tokens)
+        for i in range(0, len(cache), 4096):
+            cache[i] = 1
+        digest = hashlib.sha256(prompt.encode()).digest()
+        words = []
+        for _ in range(max_tokens):
+            deadline = time.thread_time() + self.cpu_seconds_per_token
+            while time.thread_time() < deadline:
+                digest = hashlib.sha256(digest).digest()
+            words.append(f"w{digest[0]:02x}")
+        return " ".join(words)
+
+    def metrics(self) -> str:
+        with self.lock:
+            running, waiting = self.running, self.waiting
+            prompt, generation = self.prompt_tokens, self.generation_tokens
+        label = f'{{model_name="{self.model}"}}'
+        return (
+            "# HELP vllm:num_requests_running Number of requests currently running.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f"vllm:num_requests_running{label} {running}\n"
+            "# HELP vllm:num_requests_waiting Number of requests waiting to run.\n"
+            "# TYPE vllm:num_requests_waiting gauge\n"
+            f"vllm:num_requests_waiting{label} {waiting}\n"
+            "# HELP vllm:prompt_tokens_total Prompt tokens processed.\n"
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f"vllm:prompt_tokens_total{label} {prompt}\n"
+            "# HELP vllm:generation_tokens_total Tokens generated.\n"
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f"vllm:generation_tokens_total{label} {generation}\n"
+        )
+
+
+class Handler(BaseHTTPRequestHandler):
+    engine: Engine
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def do_GET(self):
+        if self.path == "/metrics":
+            self._send(200, self.engine.metrics().encode(), "text/plain; version=0.0.4")
+        elif self.path == "/health":
+            self._json(200, {"status": "ok"})
+        elif self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": self.engine.model, "object": "model"}]})
+        else:
+            self._json(404, {"error": {"message": "not found"}})
+
+    def do_POST(self):
+        if self.path != "/v1/completions":
+            self._json(404, {"error": {"message": "not found"}})
+            return
+        try:
+            length = int(self.headers.get("Content-Length", "0"))
+            if not 0 <= length <= 1_000_000:
+                raise ValueError("body too large")
+            request = json.loads(self.rfile.read(length) or b"{}")
+            prompt = request.get("prompt", "")
+            max_tokens = request.get("max_tokens", 16)
+            if not isinstance(prompt, str) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS:
+                raise ValueError(f"prompt must be a string and max_tokens an integer from 1 to {MAX_TOKENS}")
+        except (ValueError, AttributeError) as exc:
+            self._json(400, {"error": {"message": str(exc)}})
+            return
+        self._json(200, self.engine.complete(prompt, max_tokens))
+
+    def _json(self, status: int, body: dict) -> None:
+        self._send(status, json.dumps(body).encode(), "application/json")
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format, *args):
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m agent.demo_engine", description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="demo")
+    parser.add_argument("--cpu-ms-per-token", type=float, default=2.0, help="CPU time burnt per generated token")
+    parser.add_argument("--kib-per-token", type=int, default=64, help="memory held per token while a request runs")
+    parser.add_argument("--max-running", type=int, default=4, help="requests served at once; the rest wait")
+    args = parser.parse_args(argv)
+    Handler.engine = Engine(args.model, args.cpu_ms_per_token, args.kib_per_token, args.max_running)
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""What the agent costs a node: CPU per sample-and-beat cycle and resident memory, beside node_exporter.
+
+Side by side in one run: the agent runs as its own process (`python -m agent`) with
+4 engine groups of 50 processes each, heartbeating every second to a stand-in control
+plane in this process, while `prometheus-node-exporter` (Debian's package) is scraped
+once a second. CPU is read from /proc/<pid>/task/*/schedstat (nanoseconds, all
+threads) around each agent heartbeat and each scrape; the medians are reported.
+
+    python bench/agent_cost.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import psutil  # noqa: E402
+import requests  # noqa: E402
+
+from tests.agent.fakecp import FakeControlPlane  # noqa: E402
+from tests.services import free_port, port_open, wait_until  # noqa: E402
+
+GROUPS = 4
+PER_GROUP = 50
+CYCLES = 30
+NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+
+
+def cpu_ns(pid: int) -> int:
+    """CPU time of every thread of `pid`, in ns (schedstat's first field; far finer than utime's 10 ms)."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
+
+
+class NodeExporter:
+    """prometheus-node-exporter with its default collectors, on a free loopback port."""
+
+    def __init__(self):
+        binary = shutil.which("prometheus-node-exporter") or NODE_EXPORTER
+        if not os.path.exists(binary):
+            sys.exit("prometheus-node-exporter is not installed: apt-get install prometheus-node-exporter")
+        self.port = free_port()
+        self.process = subprocess.Popen(
+            [binary, f"--web.listen-address=127.0.0.1:{self.port}"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_until(lambda: port_open(self.port), 15, "node_exporter")
+        self.session = requests.Session()
+
+    def scrape(self) -> str:
+        return self.session.get(f"http://127.0.0.1:{self.port}/metrics", timeout=10).text
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(10)
+
+
+def write_results(name: str, rows: list[dict]) -> None:
+    out = ROOT / "bench" / "results" / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(rows, indent=2) + "\n")
+    print()
+    print("| figure | value | unit | target |")
+    print("| --- | ---: | --- | ---: |")
+    for row in rows:
+        target = "" if row["target"] is None else f"{'≤' if row['better'] == 'lower' else '≥'} {row['target']}"
+        print(f"| {row['name']} | {row['value']} | {row['unit']} | {target} |")
+    print(f"\nwritten to {out.relative_to(ROOT)}")
+
+
+def main() -> None:
+    var = Path(tempfile.mkdtemp(prefix="agent-cost-"))
+    group = f"for i in $(seq {PER_GROUP - 1}); do sleep 600 & done; wait"
+    shards = "".join(f"  - {{shard: g{i}, engine: command, command: [sh, -c, '{group}']}}\n" for i in range(GROUPS))
+    (var / "join").write_text("join-secret")
+    config = var / "agent.yaml"
+    config.write_text(
+        f"join_token_file: {var / 'join'}\nstate_dir: {var / 'state'}\ninterval: 1\nengines: {{}}\nshards:\n{shards}"
+    )
+    exporter = NodeExporter()
+    with FakeControlPlane(interval=1.0) as plane:
+        config.write_text(f"control_plane: {plane.url}\n" + config.read_text())
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "agent", "--config", str(config), "--log-level", "WARNING"], cwd=ROOT
+        )
+        try:
+
+            def groups_full() -> bool:
+                beats = list(plane.heartbeats)
+                return bool(beats) and len(beats[-1].load.shards if beats[-1].load else []) == GROUPS
+
+            wait_until(groups_full, 60, "the agent to report 4 groups")
+            pgids = [s.pid for s in list(plane.heartbeats)[-1].shards]
+            members = sum(1 for p in psutil.process_iter() if _pgid(p.pid) in pgids)
+            for _ in range(3):
+                exporter.scrape()  # warm-up: the first scrapes allocate
+
+            agent_cycles, scrapes = [], []
+            seen, last = plane.accepted(), cpu_ns(agent.pid)
+            while len(agent_cycles) < CYCLES:
+                before = cpu_ns(exporter.process.pid)
+                exporter.scrape()
+                scrapes.append((cpu_ns(exporter.process.pid) - before) / 1e6)
+                wait_until(lambda seen=seen: plane.accepted() > seen, 10, "the next heartbeat", interval=0.002)
+                now = cpu_ns(agent.pid)
+                # The heartbeat just arrived: the agent's cycle (sample, poll, beat) is over.
+                agent_cycles.append((now - last) / 1e6 / (plane.accepted() - seen))
+                seen, last = plane.accepted(), now
+            agent_rss = psutil.Process(agent.pid).memory_info().rss / 2**20
+            exporter_rss = psutil.Process(exporter.process.pid).memory_info().rss / 2**20
+        finally:
+            agent.terminate()
+            agent.wait(30)
+            exporter.stop()
+            shutil.rmtree(var, ignore_errors=True)
+
+    agent_ms = statistics.median(agent_cycles)
+    exporter_ms = statistics.median(scrapes)
+    print(f"agent: {GROUPS} groups holding {members} processes, {CYCLES} cycles at 1 s")
+    print(f"node_exporter: {len(scrapes)} scrapes, one a cycle, in the same window")
+    print(f"agent cycle CPU ms, sorted: {sorted(round(c, 2) for c in agent_cycles)}")
+    print(f"node_exporter scrape CPU ms, sorted: {sorted(round(s, 2) for s in scrapes)}")
+    write_results(
+        "agent_cost",
+        [
+            {
+                "name": "agent_cycle_cpu_ms",
+                "value": round(agent_ms, 2),
+                "unit": "ms",
+                "target": round(exporter_ms, 2),
+                "better": "lower",
+            },
+            {"name": "agent_rss_mb", "value": round(agent_rss, 1), "unit": "MiB", "target": 40, "better": "lower"},
+            {
+                "name": "node_exporter_scrape_cpu_ms",
+                "value": round(exporter_ms, 2),
+                "unit": "ms",
+                "target": None,
+                "better": "lower",
+            },
+            {
+                "name": "node_exporter_rss_mb",
+                "value": round(exporter_rss, 1),
+                "unit": "MiB",
+                "target": None,
+                "better": "lower",
+            },
+            {
+                "name": "agent_cycle_over_scrape",
+                "value": round(agent_ms / exporter_ms, 2),
+                "unit": "ratio",
+                "target": 1.0,
+                "better": "lower",
+            },
+        ],
+    )
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return -1
+
+
+if __name__ == "__main__":
+    main()
