@@ -31,18 +31,25 @@ ROUNDS = 15
 WARMUP = 3
 
 
-def median_ms(client, url: str, before=None, **extra) -> float:
+def median_ms(client, url: str, before=None, **extra) -> tuple[float, float]:
+    """Median wall time and median CPU time of this process, in ms.
+
+    On a machine shared with other work the wall time also counts the time
+    this process waited for a core; the CPU time does not (SQLite runs in this
+    process, so it is counted; Redis's own work is not, and is small).
+    """
     for _ in range(WARMUP):
         client.get(url, secure=True, **extra)
-    samples = []
+    wall, cpu = [], []
     for _ in range(ROUNDS):
         if before is not None:
             before()
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.process_time()
         response = client.get(url, secure=True, **extra)
-        samples.append((time.perf_counter() - started) * 1000)
+        wall.append((time.perf_counter() - started) * 1000)
+        cpu.append((time.process_time() - started_cpu) * 1000)
         assert response.status_code == 200, (url, response.status_code)
-    return statistics.median(samples)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def main() -> int:
@@ -90,8 +97,12 @@ def run() -> int:
 
     results = []
 
-    def record(name: str, value: float, target: float | None) -> None:
-        results.append({"name": name, "value": round(value, 1), "unit": "ms", "target": target, "better": "lower"})
+    def record(name: str, values: tuple[float, float], target: float | None) -> None:
+        wall, cpu = values
+        results.append({"name": name, "value": round(wall, 1), "unit": "ms", "target": target, "better": "lower"})
+        results.append(
+            {"name": f"{name}_cpu", "value": round(cpu, 1), "unit": "ms", "target": target, "better": "lower"}
+        )
 
     made = 0
     for size in (1_000, 10_000):
@@ -115,11 +126,11 @@ def run() -> int:
 
     print(f"pages: server time, median of {ROUNDS} requests after {WARMUP} warm-up, database {engine()}")
     print()
-    print("| figure | median | target |")
-    print("| --- | ---: | ---: |")
-    for r in results:
-        target = f"< {r['target']} ms" if r["target"] is not None else "—"
-        print(f"| {r['name']} | {r['value']} ms | {target} |")
+    print("| figure | wall (median) | CPU (median) | target |")
+    print("| --- | ---: | ---: | ---: |")
+    for wall, cpu in zip(results[::2], results[1::2], strict=True):
+        target = f"< {wall['target']} ms" if wall["target"] is not None else "—"
+        print(f"| {wall['name']} | {wall['value']} ms | {cpu['value']} ms | {target} |")
     out = ROOT / "bench" / "results" / "pages.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
