@@ -7,9 +7,10 @@ import time
 
 import pytest
 from django.conf import settings
+from django.utils import timezone
 
 from agent.protocol import Load
-from inventory.models import Node
+from inventory.models import GPU, Node
 from inventory.registration import upsert_inventory
 from nodes import loadstore
 from nodes.views.summary import TOTALS_KEY, TOTALS_MAX_AGE
@@ -175,10 +176,22 @@ def test_sort_by_load_puts_unknown_loads_last(viewer_client, cluster, redis_clie
 
 
 def test_sort_by_free_gpus(viewer_client, redis_client, db):
-    make_fleet(3)  # each node: 8 GPUs, 4 claimed
-    Node.objects.filter(pk="n00001").first().gpus.filter(index__gte=6).update(health="ECC errors")
-    ids = row_ids(viewer_client.get("/?sort=gpus").content.decode())
-    assert ids[0] == "n00001"
+    make_fleet(3)  # each node: 8 GPUs, 0 to 3 claimed by its shard
+    # n00001: two unhealthy, one of them claimed: 3 free. n00002: one unhealthy: 3 free as well.
+    GPU.objects.filter(node_id="n00001", index__in=(3, 6)).update(health="ECC errors")
+    GPU.objects.filter(node_id="n00002", index=7).update(health="lost")
+    html = viewer_client.get("/?sort=gpus").content.decode()
+    assert row_ids(html) == ["n00001", "n00002", "n00000"]
+    assert re.search(r'<tr id="node-n00001".*?<td class="numeric gpus">3/8 ', html, re.S)
+    assert row_ids(viewer_client.get("/?sort=-gpus").content.decode()) == ["n00000", "n00002", "n00001"]
+
+
+def test_sort_by_heartbeat_age(viewer_client, cluster, redis_client):
+    youngest_first = ["ready-1", "cordoned-1", "unreachable-1", "lost-1"]
+    Node.objects.filter(pk="cordoned-1").update(last_heartbeat=Node.objects.get(pk="ready-1").last_heartbeat)
+    Node.objects.filter(pk="ready-1").update(last_heartbeat=timezone.now())
+    assert row_ids(viewer_client.get("/?sort=heartbeat").content.decode()) == youngest_first
+    assert row_ids(viewer_client.get("/?sort=-heartbeat").content.decode()) == youngest_first[::-1]
 
 
 def test_pages_of_a_hundred(viewer_client, redis_client, db):

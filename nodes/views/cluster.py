@@ -11,7 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from django.db.models import Case, Count, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
+from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce
 from django.http import QueryDict
 from django.shortcuts import render
@@ -46,8 +46,9 @@ def _count(queryset: QuerySet) -> Coalesce:
 
 
 def _free_gpus():
-    healthy = _count(GPU.objects.filter(health=HEALTH_OK))
-    return healthy - _count(GPUClaim.objects.all())
+    """Healthy GPUs that no shard holds, as the row counts them."""
+    claimed = GPUClaim.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
+    return _count(GPU.objects.filter(health=HEALTH_OK).filter(~Exists(claimed)))
 
 
 # Columns sorted by the database: each is a list of order_by terms, plus an
@@ -57,7 +58,8 @@ DB_SORTS = {
     "hostname": ([], ["hostname", "id"]),
     "state": ([("state_order", lambda: STATE_ORDER)], ["state_order", "id"]),
     "gpus": ([("gpu_free", _free_gpus)], ["gpu_free", "id"]),
-    "heartbeat": ([], ["last_heartbeat", "id"]),
+    # The column shows the age, so ascending is the most recent heartbeat first.
+    "heartbeat": ([], ["-last_heartbeat", "id"]),
 }
 
 # Columns sorted by the current load, read from Redis for every matching node.
@@ -175,7 +177,7 @@ def table_page(query: TableQuery, now: float) -> dict:
         for name, expression in annotations:
             nodes = nodes.annotate(**{name: expression()})
         if query.descending:
-            order = [f"-{term}" for term in order]
+            order = [term[1:] if term.startswith("-") else f"-{term}" for term in order]
         count = nodes.count()
         pages = max(math.ceil(count / PAGE_SIZE), 1)
         page = min(query.page, pages)

@@ -21,6 +21,7 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 
+
 @pytest.fixture(scope="module")
 def browser():
     from playwright.sync_api import sync_playwright
