@@ -186,6 +186,13 @@ def test_sort_by_free_gpus(viewer_client, redis_client, db):
     assert row_ids(viewer_client.get("/?sort=-gpus").content.decode()) == ["n00000", "n00002", "n00001"]
 
 
+def test_heartbeat_age_is_the_newer_of_the_row_and_the_load(viewer_client, cluster, redis_client):
+    loadstore.save("unreachable-1", load(5.0), time.time() - 3)
+    html = viewer_client.get("/").content.decode()
+    assert re.search(r'<tr id="node-unreachable-1".*?<td class="numeric heartbeat">3 s</td>', html, re.S)
+    assert re.search(r'<tr id="node-lost-1".*?<td class="numeric heartbeat">10 min</td>', html, re.S)
+
+
 def test_sort_by_heartbeat_age(viewer_client, cluster, redis_client):
     youngest_first = ["ready-1", "cordoned-1", "unreachable-1", "lost-1"]
     Node.objects.filter(pk="cordoned-1").update(last_heartbeat=Node.objects.get(pk="ready-1").last_heartbeat)

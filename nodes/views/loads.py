@@ -6,6 +6,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 import redis
 from django.conf import settings
@@ -29,6 +30,10 @@ class Reading:
     @property
     def age(self) -> float | None:
         return self.stored.age(self.now) if self.stored is not None else None
+
+    @property
+    def received_at(self) -> float | None:
+        return self.stored.received_at if self.stored is not None else None
 
     @property
     def load(self) -> Load | None:
@@ -57,6 +62,16 @@ class Reading:
         if not total:
             return None
         return 100 * self.load.memory_used_bytes / total
+
+
+def heartbeat_age(last_heartbeat: datetime | None, reading: Reading, now: float) -> float | None:
+    """Seconds since the node was last heard from: its row's heartbeat, or its load if that is newer.
+
+    Every heartbeat carries a load, and the load store is written on every one,
+    so it can be ahead of a heartbeat time the database is told of in batches.
+    """
+    times = [t for t in (last_heartbeat.timestamp() if last_heartbeat else None, reading.received_at) if t is not None]
+    return now - max(times) if times else None
 
 
 def fetch_readings(node_ids: Iterable[str], now: float | None = None) -> tuple[dict[str, Reading], str | None]:

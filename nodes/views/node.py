@@ -20,7 +20,7 @@ from inventory.models import Allocation, Node
 from inventory.operator import ACTIONS
 from nodes import promquery
 from nodes.views.access import login_required
-from nodes.views.loads import fetch_readings
+from nodes.views.loads import fetch_readings, heartbeat_age
 
 EVENTS_SHOWN = 20
 
@@ -101,7 +101,7 @@ def live_context(node: Node, now: float) -> dict:
         "shared_filesystems": [fs for fs in filesystems if fs.shared],
         "local_disk": node.local_disk(),
         "events": list(node.events.all()[:EVENTS_SHOWN]),
-        "heartbeat_age": now - node.last_heartbeat.timestamp() if node.last_heartbeat else None,
+        "heartbeat_age": heartbeat_age(node.last_heartbeat, reading, now),
     }
 
 

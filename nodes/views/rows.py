@@ -16,7 +16,7 @@ from django.db.models import Count
 from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node, NodeState
 from inventory.models.gpus import HEALTH_OK
 from nodes.templatetags.llmgw import age, bar_class, gib
-from nodes.views.loads import Reading
+from nodes.views.loads import Reading, heartbeat_age
 
 # The node fields a row shows; nothing else is read from the node table.
 ROW_FIELDS = ("id", "hostname", "labels", "operator_labels", "admin_state", "liveness", "last_heartbeat")
@@ -83,7 +83,7 @@ def node_rows(nodes: list[Node], readings: dict[str, Reading], now: float, load_
             state=state,
             stands_out=state in (NodeState.UNREACHABLE, NodeState.LOST),
             engines=engines.get(node.pk, 0),
-            heartbeat=age(now - node.last_heartbeat.timestamp()) if node.last_heartbeat else "never",
+            heartbeat=age(heartbeat_age(node.last_heartbeat, readings[node.pk], now)),
             labels=[f"{key}={value}" for key, value in sorted(node.all_labels.items())],
         )
         _fill_load(row, readings[node.pk], load_problem)
