@@ -181,13 +181,16 @@ def shoot(base: str, user: str, password: str, node: str) -> None:
         phone = browser.new_page(viewport={"width": 390, "height": 844}, storage_state=state)
         phone.goto(f"{base}/")
         phone.screenshot(path=str(OUT / "cluster-phone.png"))
+        phone.goto(f"{base}/nodes/{node}/")
+        phone.locator("#node-charts .chart, #node-charts .history-unavailable").first.wait_for(timeout=15_000)
+        phone.screenshot(path=str(OUT / "node-phone.png"))
         dark = browser.new_page(viewport={"width": 1280, "height": 900}, storage_state=state, color_scheme="dark")
         dark.goto(f"{base}/nodes/{node}/")
         dark.locator("#node-charts .chart, #node-charts .history-unavailable").first.wait_for(timeout=15_000)
         dark.wait_for_timeout(500)
         dark.screenshot(path=str(OUT / "node-dark.png"))
         browser.close()
-    print(f"saved cluster.png, node.png, cluster-phone.png and node-dark.png in {OUT}")
+    print(f"saved cluster.png, node.png, cluster-phone.png, node-phone.png and node-dark.png in {OUT}")
 
 
 def demo() -> int:
