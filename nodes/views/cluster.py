@@ -11,6 +11,7 @@ import math
 import time
 from dataclasses import dataclass
 
+import redis
 from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
 from django.db.models.functions import Coalesce
 from django.http import QueryDict
@@ -21,7 +22,7 @@ from inventory.models import GPU, AdminState, GPUClaim, Liveness, Node, NodeStat
 from inventory.models.gpus import HEALTH_OK
 from inventory.queries import STATE_FILTERS, gpu_class_filter, label_filter
 from nodes.views.access import login_required
-from nodes.views.loads import fetch_readings
+from nodes.views.loads import fetch_readings, fresh_figures
 from nodes.views.rows import ROW_FIELDS, node_rows
 from nodes.views.summary import summary
 
@@ -65,9 +66,9 @@ DB_SORTS = {
 # Columns sorted by the current load, read from Redis for every matching node.
 # A node whose load is unknown or too old sorts after every known one.
 LOAD_SORTS = {
-    "cpu": lambda r: r.load.cpu_percent,
-    "ram": lambda r: r.memory_percent or 0.0,
-    "load": lambda r: r.load.load1,
+    "cpu": lambda f: f.cpu_percent,
+    "ram": lambda f: f.memory_fraction,
+    "load": lambda f: f.load1,
 }
 
 # The table's columns in order: label, sort key (None: not sortable), numeric.
@@ -161,10 +162,13 @@ def table_page(query: TableQuery, now: float) -> dict:
         # Sorting by load needs the load of every matching node: one MGET for all of them.
         key = LOAD_SORTS[query.sort]
         ids = list(nodes.values_list("id", flat=True))
-        readings, problem = fetch_readings(ids, now)
-        known = [pk for pk in ids if readings[pk].load is not None]
-        unknown = [pk for pk in ids if readings[pk].load is None]
-        known.sort(key=lambda pk: (key(readings[pk]), pk), reverse=query.descending)
+        try:
+            figures = fresh_figures(ids, now)
+        except redis.RedisError:
+            figures = {}
+        known = [pk for pk in ids if pk in figures]
+        unknown = [pk for pk in ids if pk not in figures]
+        known.sort(key=lambda pk: (key(figures[pk]), pk), reverse=query.descending)
         ordered = known + unknown
         count = len(ordered)
         pages = max(math.ceil(count / PAGE_SIZE), 1)
@@ -172,6 +176,7 @@ def table_page(query: TableQuery, now: float) -> dict:
         page_ids = ordered[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
         by_id = {node.pk: node for node in Node.objects.filter(pk__in=page_ids).only(*ROW_FIELDS)}
         page_nodes = [by_id[pk] for pk in page_ids if pk in by_id]
+        readings, problem = fetch_readings(page_ids, now)
     else:
         annotations, order = DB_SORTS[query.sort]
         for name, expression in annotations:

@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 import msgspec
 import redis
-from django.conf import settings
 from django.db.models import Count, Exists, OuterRef, Q
 
 from inventory.models import GPU, GPUClaim, Node, NodeState, derive_state
 from inventory.models.gpus import HEALTH_OK
 from nodes import loadstore
-from nodes.views.loads import REDIS_DOWN
+from nodes.views.loads import REDIS_DOWN, fresh_figures
 
 log = logging.getLogger(__name__)
 
@@ -51,23 +50,6 @@ class FleetTotals(msgspec.Struct):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(FleetTotals)
-
-
-class _Figures(msgspec.Struct):
-    cpu_percent: float
-    cpus: int
-    memory_used_bytes: int = 0
-    memory_available_bytes: int = 0
-
-
-class _StoredFigures(msgspec.Struct):
-    received_at: float
-    load: _Figures
-
-
-# Reads only the four figures the totals need out of each stored load: decoding
-# 10,000 whole loads, per-shard lists and all, costs several times more.
-_figures_decoder = msgspec.msgpack.Decoder(_StoredFigures)
 
 
 @dataclass
@@ -111,17 +93,7 @@ def compute_totals(now: float) -> FleetTotals:
     """Sum every fresh load (one query for the ids, one MGET); raises redis errors."""
     ids = list(Node.objects.values_list("id", flat=True))
     totals = FleetTotals(computed_at=now)
-    oldest = now - settings.LLMGW_LOAD_MAX_AGE
-    for raw in loadstore.client().mget([loadstore.key(node_id) for node_id in ids]) if ids else []:
-        if raw is None:
-            continue
-        try:
-            stored = _figures_decoder.decode(raw)
-        except msgspec.DecodeError:
-            continue
-        if stored.received_at < oldest:
-            continue
-        load = stored.load
+    for load in fresh_figures(ids, now).values():
         totals.reporting += 1
         totals.cores_busy += load.cpu_percent / 100 * load.cpus
         totals.cores_total += load.cpus
