@@ -3,10 +3,13 @@ from django.urls import path
 from django.views.generic import RedirectView
 
 from nodes import health, views
+from nodes.metrics import views as metrics
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    # Fleet metrics (nodes/metrics/).
+    path("metrics", metrics.metrics, name="metrics"),
     # The operator pages.
     path("", views.cluster, name="cluster"),
     path("nodes/<str:node_id>/", views.node, name="node"),
