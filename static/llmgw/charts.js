@@ -30,6 +30,19 @@
     return points;
   }
 
+  // Under the cursor, a series with no point at that instant shows its nearest
+  // point within a minute instead of a dash: a young series has few points.
+  const SNAP = 4;
+  function nearestPoint(u, seriesIdx, hoveredIdx) {
+    const values = u.data[seriesIdx];
+    if (seriesIdx === 0 || values[hoveredIdx] != null) return hoveredIdx;
+    for (let d = 1; d <= SNAP; d++) {
+      if (values[hoveredIdx - d] != null) return hoveredIdx - d;
+      if (values[hoveredIdx + d] != null) return hoveredIdx + d;
+    }
+    return hoveredIdx;
+  }
+
   function plot(figure, chart, times) {
     const c = colours();
     const axis = { stroke: c.text, grid: { stroke: c.grid, width: 1 }, ticks: { stroke: c.grid, width: 1 } };
@@ -50,6 +63,7 @@
       axes: [axis, { ...axis, size: 64, values: (u, ticks) => ticks.map((v) => format(chart.unit, v)) }],
       scales: { x: { time: true }, y: chart.unit === "percent" ? { range: [0, 100] } : { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
       legend: { live: true },
+      cursor: { dataIdx: nearestPoint },
     };
     const instance = new uPlot(options, [times, ...chart.values], figure);
     new ResizeObserver(() => instance.setSize({ width: Math.max(figure.clientWidth - 16, 200), height: HEIGHT })).observe(figure);

@@ -7,8 +7,8 @@ import time
 import pytest
 from django.utils import timezone
 
-from agent.protocol import Load
-from inventory.models import Liveness, Node
+from agent.protocol import Load, ShardLoad
+from inventory.models import Allocation, GPUClaim, Liveness, Node
 from inventory.registration import upsert_inventory
 from nodes import loadstore
 from tests.browser.conftest import log_in
@@ -107,6 +107,46 @@ def test_clicking_a_node_opens_its_page(page, live_server, operator, cluster, re
     page.wait_for_url(f"{live_server.url}/nodes/cordoned-1/")
     assert page.locator("h1").inner_text().startswith("cordoned-1")
     assert page.locator("#node-live [data-state]").first.get_attribute("data-state") == "cordoned"
+
+
+def test_charts_draw_what_prometheus_scraped_from_our_metrics(
+    page, live_server, operator, cluster, redis_client, settings, tmp_path
+):
+    """End to end: our /metrics, scraped by a real Prometheus, drawn on the node page."""
+    allocation = Allocation.objects.create(
+        node=cluster["ready-1"], shard_id="s0", replica_id="r0", model="llama-3-8b", memory_gb=16
+    )
+    GPUClaim.objects.create(allocation=allocation, node=cluster["ready-1"], gpu_index=0)
+    loaded = Load(
+        cpu_percent=61.0,
+        cpus=64,
+        memory_used_bytes=100 * GIB,
+        memory_available_bytes=412 * GIB,
+        shards=[ShardLoad(shard="s0", cpu_cores=2.5, rss_bytes=12 * GIB)],
+    )
+    loadstore.save("ready-1", loaded, time.time())
+    target = live_server.url.removeprefix("http://")
+    prometheus = PrometheusServer(tmp_path / "prometheus", target).start()
+    try:
+        settings.PROMETHEUS_URL = prometheus.url
+        for selector in (
+            'llmgw_node_cpu_utilization_percent{node="ready-1"}',
+            'llmgw_shard_cpu_cores{model="llama-3-8b"}',
+        ):
+            wait_until(lambda s=selector: prometheus.samples(s) >= 2, 30, f"two scrapes of {selector}")
+        log_in(page, live_server.url, "operator", "operator-pass", path="/nodes/ready-1/")
+        for key, value in (("cpu", "61%"), ("cores", "2.50"), ("shard_memory", "12 GiB")):
+            chart = page.locator(f'.chart[data-key="{key}"][data-drawn="true"]')
+            chart.wait_for()
+            assert int(chart.get_attribute("data-points")) >= 1
+            chart.scroll_into_view_if_needed()
+            box = chart.locator(".u-over").bounding_box()
+            page.mouse.move(box["x"] + box["width"] - 1, box["y"] + box["height"] / 2)
+            assert chart.locator(".u-legend .u-series").nth(1).locator(".u-value").inner_text() == value
+        cores_legend = page.locator('.chart[data-key="cores"] .u-legend .u-series').nth(1)
+        assert "llama-3-8b" in cores_legend.inner_text()
+    finally:
+        prometheus.stop()
 
 
 def test_charts_draw_history_from_a_real_prometheus(
