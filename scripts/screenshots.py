@@ -30,7 +30,7 @@ from tests.services import free_port  # noqa: E402
 OUT = ROOT / "docs" / "screenshots"
 DEMO_NODE = "gpu-a03"
 # Long enough for Prometheus (scraping every 15 s) to hold a few points for the charts.
-PROMETHEUS_WARMUP = 50
+PROMETHEUS_WARMUP = 65
 
 
 def seed_demo_fleet(var: Path, redis_url: str) -> None:
@@ -131,17 +131,19 @@ def save_demo_loads() -> None:
     from inventory.models import Liveness, Node
     from nodes import loadstore
 
-    rng = random.Random(time.time())
+    jitter = random.Random(time.time())
     now = time.time()
     # Heartbeats would move these; the demo has no agents.
     Node.objects.filter(liveness=Liveness.ALIVE).update(last_heartbeat=timezone.now())
     for node in Node.objects.filter(liveness=Liveness.ALIVE).prefetch_related("allocations"):
+        # Each node keeps its own level, moving a little from one heartbeat to the next.
+        rng = random.Random(node.pk)
         total = node.memory_total_bytes
-        used = int(total * rng.uniform(0.2, 0.9))
+        used = int(total * min(rng.uniform(0.2, 0.9) + jitter.uniform(-0.03, 0.03), 0.99))
         loadstore.save(
             node.pk,
             Load(
-                cpu_percent=round(rng.uniform(3, 97), 1),
+                cpu_percent=round(min(max(rng.uniform(3, 97) + jitter.uniform(-6, 6), 0), 100), 1),
                 cpus=node.cpus,
                 load1=round(rng.uniform(1, 80), 2),
                 load5=round(rng.uniform(1, 70), 2),

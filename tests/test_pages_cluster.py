@@ -92,7 +92,7 @@ def test_summary_counts_states_cores_memory_and_gpus(viewer_client, cluster, red
     assert 'data-count="draining">0<' in html
     # 50 % and 25 % of 192 cores: 96 + 48 busy of 384.
     assert "144.0</span> of 384 cores busy" in html
-    assert "300.0 GiB</span> of 1.0 TiB used" in html
+    assert "300 GiB</span> of 1.0 TiB used" in html
     # 32 H100s, none claimed.
     assert re.search(r"H100-80GB</a> <span class=\"num\">32</span> of 32", html)
 
@@ -104,8 +104,8 @@ def test_cpu_and_ram_bars_carry_the_values(viewer_client, cluster, redis_client)
     assert re.search(r'<td class="cpu" data-percent="42.4">\s*<span class="bar"><span class="fill p42">', row)
     assert re.search(r'<td class="ram" data-percent="25.0"[^>]*>\s*<span class="bar"><span class="fill p25">', row)
     assert "42% · 81.4/192" in row
-    assert "128.0 GiB / 512.0 GiB" in row
-    assert "384.0 GiB avail." in row
+    assert "128 GiB / 512 GiB" in row
+    assert "384 GiB avail." in row
 
 
 def test_stale_load_is_shown_as_unknown_with_its_age(viewer_client, cluster, redis_client):

@@ -11,13 +11,13 @@ register = template.Library()
 
 @register.filter
 def gib(value: int | float | None) -> str:
-    """Bytes as GiB with one decimal (or TiB past 1024 GiB); "—" when unknown."""
+    """Bytes as GiB (TiB past 1024 GiB), one decimal below 100; "—" when unknown."""
     if value is None:
         return "—"
     gibibytes = value / 2**30
     if gibibytes >= 1024:
         return f"{gibibytes / 1024:.1f} TiB"
-    return f"{gibibytes:.1f} GiB"
+    return f"{gibibytes:.0f} GiB" if gibibytes >= 100 else f"{gibibytes:.1f} GiB"
 
 
 @register.filter

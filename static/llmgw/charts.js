@@ -50,7 +50,7 @@
       width: Math.max(figure.clientWidth - 16, 200),
       height: HEIGHT,
       series: [
-        {},
+        { label: "time", value: "{YYYY}-{MM}-{DD} {HH}:{mm}:{ss}" },
         ...chart.series.map((name, i) => ({
           label: name,
           stroke: PALETTE[i % PALETTE.length],
