@@ -1,13 +1,18 @@
+from django.conf import settings
 from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
 from nodes import health, views
+from nodes.api import views as api
 from nodes.metrics import views as metrics
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    # The agent API (docs/protocol.md).
+    path("api/v1/register", api.register, name="api-register"),
+    path("api/v1/heartbeat", api.heartbeat, name="api-heartbeat"),
     # Fleet metrics (nodes/metrics/).
     path("metrics", metrics.metrics, name="metrics"),
     # The operator pages.
@@ -18,3 +23,6 @@ urlpatterns = [
     # Browsers ask for /favicon.ico on every page, the admin's included.
     path("favicon.ico", RedirectView.as_view(url=static("llmgw/favicon.svg"), permanent=True)),
 ]
+
+if settings.LLMGW_BENCH_EMPTY_VIEW:
+    urlpatterns.append(path("api/v1/bench-empty", api.empty, name="api-bench-empty"))
