@@ -5,11 +5,13 @@ from __future__ import annotations
 import time
 
 import pytest
+import requests
 from django.utils import timezone
 
+from agent import protocol
 from agent.protocol import Load, ShardLoad
-from inventory.models import Allocation, GPUClaim, Liveness, Node
-from inventory.registration import upsert_inventory
+from inventory.liveness import change_liveness
+from inventory.models import Allocation, GPUClaim, Liveness
 from nodes import loadstore
 from tests.browser.conftest import log_in
 from tests.conftest import make_inventory
@@ -73,24 +75,51 @@ def test_cluster_page_bars_match_the_values(page, live_server, operator, cluster
     assert page.locator("#node-unreachable-1 td.cpu").get_attribute("title") == "no load reported"
 
 
-def test_a_heartbeat_changes_the_table_without_a_reload(page, live_server, operator, cluster, redis_client):
-    loadstore.save("ready-1", load(10.0, used_gib=64, available_gib=448), time.time())
+def post(url: str, message, token: str) -> dict:
+    response = requests.post(
+        url,
+        data=protocol.encode(message),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_a_heartbeat_changes_the_table_without_a_reload(page, live_server, operator, cluster, redis_client, settings):
+    # A node joins through the agent API, then goes silent and is marked unreachable, as the sweeper would.
+    settings.LLMGW_JOIN_TOKEN = "join-token-for-the-browser-test"
+    registered = post(
+        f"{live_server.url}/api/v1/register",
+        protocol.Register(node_id="fresh-1", inventory=make_inventory("fresh-1.example", gpus=8)),
+        settings.LLMGW_JOIN_TOKEN,
+    )
+    change_liveness("fresh-1", Liveness.ALIVE, Liveness.UNREACHABLE, "no heartbeat", timezone.now())
+
     # A short window, so the page scrolls and the test can see the position survive.
     page.set_viewport_size({"width": 1280, "height": 240})
     log_in(page, live_server.url, "operator", "operator-pass")
+    row = page.locator("#node-fresh-1")
+    assert row.locator("[data-state]").get_attribute("data-state") == "unreachable"
+    assert row.locator("td.cpu").inner_text() == "—"
+    assert page.locator('[data-count="ready"]').inner_text() == "1"
     page.evaluate("window.__notReloaded = 'still here'")
     page.evaluate("window.scrollTo(0, 100)")
     scrolled = page.evaluate("window.scrollY")
     assert scrolled > 0
-    assert page.locator('[data-count="ready"]').inner_text() == "1"
 
-    # What a heartbeat does (the heartbeat API is another part's): the unreachable node
-    # reports again with a new hostname and a load, and is alive again.
-    upsert_inventory("unreachable-1", make_inventory("back-again.example", gpus=8))
-    Node.objects.filter(pk="unreachable-1").update(liveness=Liveness.ALIVE, last_heartbeat=timezone.now())
-    loadstore.save("unreachable-1", load(73.0, used_gib=256, available_gib=256), time.time())
+    # The node's agent posts a real heartbeat: a new inventory and a load.
+    reply = post(
+        f"{live_server.url}/api/v1/heartbeat",
+        protocol.Heartbeat(
+            inventory=make_inventory("back-again.example", gpus=8),
+            inventory_hash="second",
+            load=load(73.0, used_gib=256, available_gib=256),
+        ),
+        registered["token"],
+    )
+    assert reply["state"] == "ready"
 
-    row = page.locator("#node-unreachable-1")
     row.locator("td.cpu .figure").wait_for(timeout=15_000)
     assert row.locator("td.cpu .figure").inner_text().startswith("73%")
     assert row.locator("td.hostname").inner_text() == "back-again.example"
