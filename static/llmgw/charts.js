@@ -10,6 +10,7 @@
 
   function format(unit, value) {
     if (value === null || value === undefined) return "—";
+    if (value === 0) return "0";
     switch (unit) {
       case "percent": return value.toFixed(0) + "%";
       case "bytes": return (value / GIB).toFixed(value >= 10 * GIB ? 0 : 1) + " GiB";
