@@ -2,7 +2,8 @@
 
 import pytest
 
-from nodes.templatetags.llmgw import age, bar_class, gib
+from inventory.models import STATE_COLOURS, NodeState
+from nodes.templatetags.llmgw import age, bar_class, gib, state_badge
 
 
 @pytest.mark.parametrize(
@@ -42,3 +43,12 @@ def test_age(seconds, shown):
 @pytest.mark.parametrize(("percent", "cls"), [(None, "p0"), (-5, "p0"), (42.4, "p42"), (42.6, "p43"), (250, "p100")])
 def test_bar_class_is_whole_percent_within_bounds(percent, cls):
     assert bar_class(percent) == cls
+
+
+@pytest.mark.parametrize("state", list(NodeState))
+def test_state_badge_takes_its_colour_from_the_one_map(state):
+    html = state_badge(state.value)
+    assert (
+        html
+        == f'<span class="llmgw-badge llmgw-{STATE_COLOURS[state]}" data-state="{state.value}">{state.label}</span>\n'
+    )

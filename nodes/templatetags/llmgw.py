@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from django import template
+from django.template.loader import render_to_string
 
 from inventory.models import STATE_COLOURS, NodeState
 
@@ -47,7 +50,14 @@ def bar_class(percent: float | None) -> str:
     return f"p{min(max(round(percent), 0), 100)}"
 
 
-@register.inclusion_tag("partials/state_badge.html")
-def state_badge(state: str) -> dict:
-    state = NodeState(state)
-    return {"state": state, "colour": STATE_COLOURS[state]}
+@register.simple_tag
+def state_badge(state: str) -> str:
+    """The badge of a displayed state, from the one badge partial, colour from STATE_COLOURS."""
+    return _badge(NodeState(state).value)
+
+
+@lru_cache(maxsize=len(NodeState))
+def _badge(value: str) -> str:
+    # A badge depends on its state alone, and a table shows a hundred: render each state once.
+    state = NodeState(value)
+    return render_to_string("partials/state_badge.html", {"state": state, "colour": STATE_COLOURS[state]})

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
 from dataclasses import dataclass
 
 import msgspec
 import redis
 from django.db.models import Count, Exists, OuterRef, Q
 
-from inventory.models import GPU, GPUClaim, Node, NodeState, derive_state
+from inventory.models import GPU, GPUClaim, Node, NodeState
 from inventory.models.gpus import HEALTH_OK
+from inventory.queries import STATE_FILTERS
 from nodes import loadstore
 from nodes.views.loads import REDIS_DOWN, fresh_figures
 
@@ -71,10 +71,10 @@ class Summary:
 
 
 def state_counts() -> tuple[int, list[tuple[NodeState, int]]]:
-    counts: Counter[NodeState] = Counter()
-    for row in Node.objects.order_by().values("admin_state", "liveness").annotate(n=Count("id")):
-        counts[derive_state(row["admin_state"], row["liveness"])] += row["n"]
-    return sum(counts.values()), [(state, counts.get(state, 0)) for state in NodeState]
+    """Nodes in each displayed state, in one pass over the table (cheaper than a GROUP BY)."""
+    counts = Node.objects.aggregate(**{state.value: Count("pk", filter=q) for state, q in STATE_FILTERS.items()})
+    states = [(state, counts[state.value]) for state in NodeState]
+    return sum(n for _, n in states), states
 
 
 def gpus_by_class() -> list[GPUClassCount]:
