@@ -23,13 +23,11 @@ from inventory.models import (
     LIVE_STATES,
     REPLICA_COLOURS,
     STATE_COLOURS,
-    AdminState,
     Allocation,
     Deployment,
     EngineInstall,
     FabricAttachment,
     Filesystem,
-    Liveness,
     Node,
     NodeEvent,
     NodeState,
@@ -39,18 +37,10 @@ from inventory.models import (
     Weights,
 )
 from inventory.operator import ACTIONS, set_admin_state
+from inventory.queries import STATE_FILTERS, gpu_class_filter, label_filter
 from nodes import loadstore
 
 log = logging.getLogger(__name__)
-
-# The displayed state as a database filter, mirroring derive_state.
-STATE_FILTERS = {
-    NodeState.LOST: Q(liveness=Liveness.LOST),
-    NodeState.UNREACHABLE: Q(liveness=Liveness.UNREACHABLE),
-    NodeState.DRAINING: Q(liveness=Liveness.ALIVE, admin_state=AdminState.DRAINING),
-    NodeState.CORDONED: Q(liveness=Liveness.ALIVE, admin_state=AdminState.CORDONED),
-    NodeState.READY: Q(liveness=Liveness.ALIVE, admin_state=AdminState.ACTIVE),
-}
 
 
 def state_badge(state: NodeState):
@@ -84,9 +74,7 @@ class LabelFilter(admin.SimpleListFilter):
         if not self.value() or "=" not in self.value():
             return queryset
         label_key, value = self.value().split("=", 1)
-        from_operator = Q(**{f"operator_labels__{label_key}": value})
-        from_agent = Q(**{f"labels__{label_key}": value}) & ~Q(operator_labels__has_key=label_key)
-        return queryset.filter(from_operator | from_agent)
+        return queryset.filter(label_filter(label_key, value))
 
 
 class GPUClassFilter(admin.SimpleListFilter):
@@ -99,7 +87,7 @@ class GPUClassFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value():
-            return queryset.filter(gpus__gpu_class=self.value()).distinct()
+            return queryset.filter(gpu_class_filter(self.value()))
         return queryset
 
 
