@@ -1,9 +1,12 @@
 """The latest load of every node, kept in Redis, never in the database.
 
-A load describes a moment; a restored one would be stale. Each node has one
-key holding its latest load and the time it arrived on the control plane's
-clock. Readers fetch many nodes in one round trip and must treat a load older
-than LLMGW_LOAD_MAX_AGE as unknown, never as the last value.
+A load describes a moment; a restored one would be stale. Each node has two
+keys, written together: its latest load with the time it arrived on the
+control plane's clock (for the pages), and the same load already rendered as
+/metrics sample lines (nodes.metrics.loads), so that a scrape of the whole
+fleet reads ready text instead of formatting every sample again. Readers
+fetch many nodes in one round trip and must treat a load older than
+LLMGW_LOAD_MAX_AGE as unknown, never as the last value.
 """
 
 from __future__ import annotations
@@ -16,8 +19,10 @@ import redis
 from django.conf import settings
 
 from agent.protocol import Load
+from nodes.metrics import loads as load_lines
 
 KEY_PREFIX = "llmgw:load:"
+LINES_PREFIX = "llmgw:loadlines:"
 
 
 class StoredLoad(msgspec.Struct, frozen=True):
@@ -56,14 +61,22 @@ def key(node_id: str) -> str:
     return KEY_PREFIX + node_id
 
 
+def lines_key(node_id: str) -> str:
+    return LINES_PREFIX + node_id
+
+
 def encode(load: Load, received_at: float) -> bytes:
     return _encoder.encode(StoredLoad(received_at=received_at, load=load))
 
 
 def save(node_id: str, load: Load, received_at: float, pipe=None) -> None:
-    """Store a node's load; it expires by itself once nobody may show it."""
-    target = pipe if pipe is not None else client()
-    target.set(key(node_id), encode(load, received_at), ex=max(int(settings.LLMGW_LOAD_MAX_AGE * 2), 1))
+    """Store a node's load and its /metrics lines; both expire once nobody may show them."""
+    target = pipe if pipe is not None else client().pipeline(transaction=False)
+    expiry = max(int(settings.LLMGW_LOAD_MAX_AGE * 2), 1)
+    target.set(key(node_id), encode(load, received_at), ex=expiry)
+    target.set(lines_key(node_id), load_lines.render(node_id, load, received_at), ex=expiry)
+    if pipe is None:
+        target.execute()
 
 
 def fetch(node_ids: Iterable[str], fresh_only: bool = True, now: float | None = None) -> dict[str, StoredLoad]:

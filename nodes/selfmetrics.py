@@ -24,6 +24,11 @@ HASH = "llmgw:selfmetrics"
 HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
+def bucket_field(bound: float) -> str:
+    """The field counting handling times in (previous bound, bound]; /metrics makes them cumulative."""
+    return "heartbeat_seconds:le:+Inf" if math.isinf(bound) else f"heartbeat_seconds:le:{bound}"
+
+
 def heartbeat_fields(outcome: str, seconds: float) -> dict[str, float]:
     """The increments one handled heartbeat makes: outcome is "accepted" or a rejection reason."""
     fields: dict[str, float] = {
@@ -31,13 +36,14 @@ def heartbeat_fields(outcome: str, seconds: float) -> dict[str, float]:
         "heartbeat_seconds:count": 1,
         "heartbeat_seconds:sum": seconds,
     }
-    for bound in HEARTBEAT_BUCKETS:
-        if seconds <= bound:
-            fields[f"heartbeat_seconds:le:{bound}"] = 1
-            break
-    else:
-        fields["heartbeat_seconds:le:+Inf"] = 1
+    bound = next((bound for bound in HEARTBEAT_BUCKETS if seconds <= bound), math.inf)
+    fields[bucket_field(bound)] = 1
     return fields
+
+
+def sweep_fields(unreachable: int, lost: int, failed: int) -> dict[str, float]:
+    """The increments one run of the stale-marking task makes."""
+    return {"sweeps": 1, "swept:unreachable": unreachable, "swept:lost": lost, "swept:failed": failed}
 
 
 def add(pipe, fields: dict[str, float]) -> None:

@@ -182,11 +182,19 @@ def test_a_shard_the_agent_could_not_report_on_is_ignored(plane, make_agent, cap
 
 
 def test_when_proc_cannot_be_read_no_load_is_sent_rather_than_an_old_one(plane, make_agent, tmp_path):
+    # /proc is a link swapped in one step, so no reading ever sees half a tree.
+    first, later = tmp_path / "proc-first", tmp_path / "proc-later"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "proc", first)
+    shutil.copytree(Path(__file__).parent / "fixtures" / "proc-later", later)
     proc = tmp_path / "proc"
-    shutil.copytree(Path(__file__).parent / "fixtures" / "proc", proc)
-    agent = make_agent(plane, roots=Roots(proc=proc, sys=tmp_path, etc=tmp_path)).start()
-    shutil.rmtree(proc)
-    shutil.copytree(Path(__file__).parent / "fixtures" / "proc-later", proc)
+    proc.symlink_to(first)
+    agent = make_agent(plane, roots=Roots(proc=proc, sys=tmp_path, etc=tmp_path))
+    # Take the first reading here, so that it is surely of the first tree.
+    agent.start_up()
+    agent.start()
+    swap = tmp_path / "proc-swap"
+    swap.symlink_to(later)
+    swap.replace(proc)
     wait_until(lambda: any(b.load is not None for b in list(plane.heartbeats)), 10, "a heartbeat with the load")
     (proc / "stat").write_text("garbage\n")
     count = plane.accepted()

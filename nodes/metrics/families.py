@@ -1,0 +1,76 @@
+"""Every family /metrics exports: its name, help text and type, in export order.
+
+The names of the load and shard families are fixed by DESIGN.md §5. Every node
+family has the label `node`; shard families also `shard`, `replica`, `model`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Family(NamedTuple):
+    name: str
+    documentation: str
+    type: str = "gauge"
+
+    @property
+    def sample(self) -> str:
+        """The name its samples carry (an info family's samples end in `_info`)."""
+        return self.name + "_info" if self.type == "info" else self.name
+
+
+# From each node's latest load, while it is fresh (LLMGW_LOAD_MAX_AGE).
+CPU_UTILIZATION = Family("llmgw_node_cpu_utilization_percent", "CPU busy across all cores over the last interval.")
+CPUS = Family("llmgw_node_cpus", "Logical CPUs the node's load was measured on.")
+LOAD = Family("llmgw_node_load", "Load average over the window 1m, 5m or 15m.")
+MEMORY_USED = Family("llmgw_node_memory_used_bytes", "Memory used: MemTotal minus MemAvailable.")
+MEMORY_AVAILABLE = Family("llmgw_node_memory_available_bytes", "Memory available (MemAvailable).")
+SHARD_CPU = Family("llmgw_shard_cpu_cores", "CPU cores busy in the shard's engine processes.")
+SHARD_MEMORY = Family("llmgw_shard_memory_bytes", "Resident memory of the shard's engine processes.")
+
+# The families a heartbeat renders, in the order of StoredLoad.lines.
+NODE_LOAD = (CPU_UTILIZATION, CPUS, LOAD, MEMORY_USED, MEMORY_AVAILABLE)
+
+# From the inventory; they stay while the node is in it, whatever its load.
+MEMORY_TOTAL = Family("llmgw_node_memory_bytes", "Memory installed (MemTotal), as the agent reported it.")
+STATE = Family("llmgw_node_state", "The node's displayed state, as the label state; always 1.")
+INFO = Family("llmgw_node", "The node's host facts as labels; always 1.", "info")
+LAST_HEARTBEAT = Family(
+    "llmgw_node_last_heartbeat_timestamp_seconds", "When the last heartbeat arrived, on the control plane's clock."
+)
+GPUS = Family("llmgw_node_gpus", "GPUs of the class on the node.")
+GPUS_FREE = Family("llmgw_node_gpus_free", "GPUs of the class that are healthy and held by no shard.")
+GPU_MEMORY = Family("llmgw_node_gpu_memory_bytes", "Memory of the node's GPUs of the class, summed.")
+DISK_FREE = Family("llmgw_node_local_disk_free_bytes", "Free bytes on the node's own (not shared) model filesystems.")
+DISK_SIZE = Family("llmgw_node_local_disk_size_bytes", "Size of the node's own (not shared) model filesystems.")
+SHARD_GPUS = Family("llmgw_shard_allocated_gpus", "GPUs allocated to the shard.")
+SHARD_MEMORY_CLAIM = Family("llmgw_shard_memory_claim_bytes", "Host memory the shard's profile claimed on the node.")
+
+INVENTORY = (
+    MEMORY_TOTAL,
+    STATE,
+    INFO,
+    LAST_HEARTBEAT,
+    GPUS,
+    GPUS_FREE,
+    GPU_MEMORY,
+    DISK_FREE,
+    DISK_SIZE,
+    SHARD_GPUS,
+    SHARD_MEMORY_CLAIM,
+)
+SHARD_LOAD = (SHARD_CPU, SHARD_MEMORY)
+
+# The control plane's own, from the self-metrics hash in Redis.
+LOADSTORE_UP = Family("llmgw_loadstore_up", "1 if this scrape could read the loads from Redis, else 0.")
+HEARTBEATS_ACCEPTED = Family("llmgw_heartbeats_accepted", "Heartbeats accepted.", "counter")
+HEARTBEATS_REJECTED = Family("llmgw_heartbeats_rejected", "Heartbeats rejected, by reason.", "counter")
+HEARTBEAT_SECONDS = Family("llmgw_heartbeat_handling_seconds", "Time to handle one heartbeat.", "histogram")
+STALE_SWEEPS = Family("llmgw_stale_sweeps", "Runs of the stale-marking task.", "counter")
+NODES_MARKED = Family("llmgw_stale_nodes_marked", "Nodes the stale-marking task moved, by new liveness.", "counter")
+STALE_FAILURES = Family("llmgw_stale_sweep_failures", "Nodes the stale-marking task failed to mark.", "counter")
+
+SELF = (HEARTBEATS_ACCEPTED, HEARTBEATS_REJECTED, HEARTBEAT_SECONDS, STALE_SWEEPS, NODES_MARKED, STALE_FAILURES)
+
+ALL = (LOADSTORE_UP, *NODE_LOAD, *SHARD_LOAD, *INVENTORY, *SELF)

@@ -1,0 +1,73 @@
+"""A node's load as sample lines, rendered once when its heartbeat arrives.
+
+This is kube-state-metrics' idea: render an object's series when the object
+changes, so that a scrape only concatenates. A node's load changes with every
+heartbeat and is read by every scrape, so the heartbeat renders it and
+loadstore keeps the text beside the load; a scrape at 10,000 nodes then joins
+byte strings instead of formatting 150,000 samples.
+
+The text, as stored:
+
+    <received_at>\\n<lines of family 0>\\x1e … <lines of family 4>\\x1e<shard records>
+
+with the families of `families.NODE_LOAD` in order, and one record per shard,
+`<shard>\\x1f<cpu cores>\\x1f<resident bytes>\\n`, its values already formatted.
+Shard lines themselves are finished at the scrape: their `replica` and `model`
+labels come from the allocations in the database, which a heartbeat does not
+read. Node and shard ids cannot hold the separators (protocol.NodeId).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from agent.protocol import Load
+from nodes.metrics import families
+from nodes.metrics.lines import labelset, line, value
+
+WINDOWS = ("1m", "5m", "15m")
+FAMILY_SEPARATOR = b"\x1e"
+FIELD_SEPARATOR = b"\x1f"
+
+
+def render(node_id: str, load: Load, received_at: float) -> bytes:
+    node = labelset(node=node_id)
+    averages = (load.load1, load.load5, load.load15)
+    parts = [
+        line(families.CPU_UTILIZATION.name, node, load.cpu_percent),
+        line(families.CPUS.name, node, load.cpus),
+        "".join(
+            line(families.LOAD.name, labelset(node=node_id, window=window), average)
+            for window, average in zip(WINDOWS, averages, strict=True)
+        ),
+        line(families.MEMORY_USED.name, node, load.memory_used_bytes),
+        line(families.MEMORY_AVAILABLE.name, node, load.memory_available_bytes),
+        "".join(f"{s.shard}\x1f{value(s.cpu_cores)}\x1f{value(s.rss_bytes)}\n" for s in load.shards),
+    ]
+    return f"{received_at!r}\n".encode() + FAMILY_SEPARATOR.join(part.encode() for part in parts)
+
+
+class Rendered(NamedTuple):
+    """A stored text taken apart: one chunk per NODE_LOAD family, and (shard, cores, bytes) records."""
+
+    received_at: float
+    chunks: list[bytes]
+    shards: list[list[bytes]]
+
+
+def parse(raw: bytes | None) -> Rendered | None:
+    """None for a missing or unreadable text."""
+    if not raw:
+        return None
+    head, _, body = raw.partition(b"\n")
+    parts = body.split(FAMILY_SEPARATOR)
+    if len(parts) != len(families.NODE_LOAD) + 1:
+        return None
+    try:
+        received_at = float(head)
+    except ValueError:
+        return None
+    shards = [record.split(FIELD_SEPARATOR) for record in parts[-1].splitlines()]
+    if any(len(record) != 3 for record in shards):
+        return None
+    return Rendered(received_at, parts[:-1], shards)

@@ -1,0 +1,56 @@
+"""The load store keeps what the pages read and what /metrics reads, written together."""
+
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from agent import protocol
+from nodes import loadstore
+from nodes.metrics import loads
+from nodes.metrics.collector import FleetCollector
+
+LOAD = protocol.Load(cpu_percent=50, cpus=8, shards=[protocol.ShardLoad(shard="s", cpu_cores=1, rss_bytes=2)])
+
+
+def test_save_keeps_the_load_for_the_pages_and_its_text_for_metrics(redis_client, settings):
+    settings.LLMGW_LOAD_MAX_AGE = 60
+    loadstore.save("n1", LOAD, received_at=1000.0)
+    assert loadstore.fetch(["n1", "n2"], now=1030.0) == {"n1": loadstore.StoredLoad(1000.0, LOAD)}
+    assert loadstore.fetch(["n1"], now=1061.0) == {}
+    assert loadstore.fetch(["n1"], fresh_only=False, now=1061.0)["n1"].load == LOAD
+    stored = loads.parse(redis_client.get(loadstore.lines_key("n1")))
+    assert stored.received_at == 1000.0
+    assert stored.shards == [[b"s", b"1.0", b"2.0"]]
+    # Both keys expire by themselves once nobody may show them.
+    assert 0 < redis_client.ttl(loadstore.key("n1")) <= 120
+    assert 0 < redis_client.ttl(loadstore.lines_key("n1")) <= 120
+
+
+def test_save_on_a_callers_pipeline_sends_nothing_until_it_executes(redis_client):
+    pipe = redis_client.pipeline(transaction=False)
+    loadstore.save("n1", LOAD, received_at=1.0, pipe=pipe)
+    assert redis_client.exists(loadstore.key("n1"), loadstore.lines_key("n1")) == 0
+    pipe.execute()
+    assert redis_client.exists(loadstore.key("n1"), loadstore.lines_key("n1")) == 2
+
+
+@pytest.mark.django_db
+def test_registering_the_collector_runs_no_query(django_assert_num_queries):
+    with django_assert_num_queries(0):
+        CollectorRegistry(auto_describe=True).register(FleetCollector())
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("encoding", ["identity", "gzip"])
+def test_the_cyclic_collector_runs_again_after_a_scrape_however_it_ends(client, redis_client, encoding):
+    import gc
+
+    headers = {"Accept-Encoding": encoding}
+    b"".join(client.get("/metrics", headers=headers).streaming_content)
+    assert gc.isenabled()
+    response = client.get("/metrics", headers=headers)
+    next(iter(response.streaming_content))
+    assert not gc.isenabled()  # paused while the scrape is being written
+    response.close()
+    assert gc.isenabled()
