@@ -220,7 +220,9 @@ def state_check(expected_liveness: dict[str, set[str]], expected_admin: dict[str
     from inventory.models import Node
 
     ids = set(expected_liveness) | set(expected_admin)
-    rows = dict((pk, (liveness, admin)) for pk, liveness, admin in Node.objects.values_list("pk", "liveness", "admin_state"))
+    rows = dict(
+        (pk, (liveness, admin)) for pk, liveness, admin in Node.objects.values_list("pk", "liveness", "admin_state")
+    )
     wrong = []
     for node_id in sorted(ids):
         liveness, admin = rows.get(node_id, (None, None))

@@ -19,6 +19,7 @@ the agent's own, and cheap enough that 2,000 nodes cost the machine little.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from dataclasses import dataclass, field
@@ -251,7 +252,7 @@ class Fleet:
             clock = time.perf_counter()
             try:
                 status, content = await post(self.host, self.port, path, token, body, self.timeout)
-            except (OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, OSError) as exc:
                 error = type(exc).__name__
                 self.requests.append(Request(started, time.perf_counter() - clock, kind, 0, error))
                 # A refused connection stored nothing; a timeout or a reset may have.
@@ -308,18 +309,18 @@ class Fleet:
             if delay < 0:  # fell behind (an outage's timeouts): skip ahead, never burst
                 next_at = time.monotonic()
                 delay = 0
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), delay)
-            except asyncio.TimeoutError:
-                pass
 
     def change_inventory(self, node: SimNode) -> None:
         """What an operator replacing a disk or a GPU failing does: the next beat carries it."""
         fs = node.inventory.filesystems[0]
         node.inventory = msgspec.structs.replace(
             node.inventory,
-            filesystems=[msgspec.structs.replace(fs, free_bytes=max(fs.free_bytes - 10**9, 0))]
-            + node.inventory.filesystems[1:],
+            filesystems=[
+                msgspec.structs.replace(fs, free_bytes=max(fs.free_bytes - 10**9, 0)),
+                *node.inventory.filesystems[1:],
+            ],
         )
         self.inventory_changes += 1
 

@@ -8,6 +8,7 @@ machine's cluster would break whatever else uses it at that moment.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -98,8 +99,17 @@ class PrivatePostgres:
     def restart(self) -> None:
         # With -l the server does not inherit our pipes, which would keep _run waiting for their end.
         self._run(
-            "pg_ctl", "-D", str(self.dir / "data"), "-o", self.options, "-l", str(self.dir / "log"), "-m", "fast",
-            "-w", "restart",
+            "pg_ctl",
+            "-D",
+            str(self.dir / "data"),
+            "-o",
+            self.options,
+            "-l",
+            str(self.dir / "log"),
+            "-m",
+            "fast",
+            "-w",
+            "restart",
         )
         wait_until(lambda: answers(self.url), 60, "PostgreSQL to answer after its restart", interval=0.2)
 
@@ -110,8 +120,6 @@ class PrivatePostgres:
             return []
 
     def stop(self) -> None:
-        try:
+        with contextlib.suppress(subprocess.CalledProcessError):
             self._run("pg_ctl", "-D", str(self.dir / "data"), "-m", "immediate", "-w", "stop")
-        except subprocess.CalledProcessError:
-            pass
         shutil.rmtree(self.dir, ignore_errors=True)
