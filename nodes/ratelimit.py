@@ -29,9 +29,10 @@ import time
 import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from agent import protocol
-from nodes import loadstore
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,25 @@ def refusal(status: int, field: str, reason: str, retry_after: int | None = None
     return response
 
 
+_client: redis.Redis | None = None
+
+
+def default_client() -> redis.Redis:
+    """A client of our own that gives up at once: redis-py's default retries for seconds with
+    backoff, and a limiter that waits that long on every request during an outage is worse than none."""
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
+    return _client
+
+
+def reset_client() -> None:
+    global _client
+    _client = None
+
+
 class Limiter:
     """Fixed-window counters in Redis."""
 
@@ -80,7 +100,7 @@ class Limiter:
 
     @property
     def client(self) -> redis.Redis:
-        return self._client or loadstore.client()
+        return self._client or default_client()
 
     @staticmethod
     def _key(name: str, now: float) -> tuple[str, int]:
