@@ -69,6 +69,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--interval", type=float, default=5.0, help="heartbeat interval, seconds")
     parser.add_argument("--unreachable-after", type=float, default=30.0)
     parser.add_argument("--lost-after", type=float, default=300.0)
+    parser.add_argument("--beat-period", type=float, default=5.0, help="seconds between stale-marking sweeps")
     parser.add_argument("--redis-outage", type=float, default=30.0, help="seconds Redis stays stopped")
     parser.add_argument("--workers", type=int, default=3, help="gunicorn workers")
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
@@ -97,7 +98,9 @@ class Soak:
         self.outages: list[tuple[float, float]] = []
         self.memory: list[dict] = []
         self.expected_admin: dict[str, set[str]] = {}
-        self.silenced: dict[str, tuple[float, str]] = {}  # node → (silent since, deepest state it must reach)
+        self.silenced: dict[str, float] = {}  # node → when it fell quiet
+        self.returned: dict[str, float] = {}  # node → when it spoke again
+        self.quiet_to_the_end: list = []
         self.operator_errors: list[str] = []
         self.t0 = 0.0
 
@@ -122,6 +125,7 @@ class Soak:
             "LLMGW_HEARTBEAT_INTERVAL": str(args.interval),
             "LLMGW_UNREACHABLE_AFTER": str(args.unreachable_after),
             "LLMGW_LOST_AFTER": str(args.lost_after),
+            "LLMGW_BEAT_PERIOD": str(args.beat_period),
             # The whole simulated fleet registers from 127.0.0.1 within one interval.
             "LLMGW_REGISTER_PER_MINUTE": str(max(args.nodes * 4, 100)),
             "LLMGW_VAR_DIR": str(self.var),
@@ -198,24 +202,38 @@ class Soak:
         except requests.RequestException:
             return False
 
+    @property
+    def slack(self) -> float:
+        """Silence beyond a threshold that surely crosses it: a beat missed, a sweep, and a margin."""
+        return self.args.interval * 2 + self.args.beat_period + 10
+
     def schedule(self) -> list[tuple[float, str]]:
-        """When each fault begins, in seconds after warm-up: spread over the run, apart from each other."""
-        d = self.duration
+        """When each fault begins, in seconds after warm-up.
+
+        Silence comes first, and the faults that stop the sweeper (Redis, PostgreSQL,
+        Celery) only once the silenced nodes have returned: a node that comes back
+        while no sweep can run would never be seen lost, and the soak would be
+        testing its own timing. The run is stretched if the faults need longer.
+        """
+        a, d = self.args, self.duration
+        silence_at = 0.03 * d
+        returned = silence_at + a.lost_after + self.slack + 5
         plan = [
-            (0.05 * d, "silence"),
+            (silence_at, "silence"),
             (0.15 * d, "operator"),
-            (0.25 * d, "redis"),
-            (0.30 * d, "operator"),  # during the Redis outage
+            (max(0.25 * d, returned), "redis"),  # an operator acts during it too
             (0.54 * d, "web"),
             (0.62 * d, "postgres"),
             (0.66 * d, "operator"),
             (0.70 * d, "celery"),
             (0.80 * d, "operator"),
         ]
-        return [(at, fault) for at, fault in plan if fault in self.faults]
+        return sorted((at, fault) for at, fault in plan if fault in self.faults)
 
     async def run_fault(self, fault: str) -> None:
         if fault == "redis":
+            if "operator" in self.faults:
+                self.actions.append(asyncio.create_task(asyncio.to_thread(self.operate)))
             await self.outage("Redis stopped", lambda: self.stop_redis_for(self.args.redis_outage))
         elif fault == "web":
             await self.outage(
@@ -244,50 +262,54 @@ class Soak:
         self.rng.shuffle(pool)
         count = max(min(len(pool) // 20, 50), 2)
         past_unreachable, past_lost = pool[:count], pool[count : 2 * count]
-        stay_unreachable = pool[2 * count : 2 * count + max(count // 5, 1)]
-        stay_lost = pool[2 * count + len(stay_unreachable) : 2 * count + 2 * len(stay_unreachable)]
-        # Seconds of silence that surely cross a threshold: it, plus a beat missed, a sweep period and a margin.
-        slack = a.interval * 2 + 5
-        groups = (
-            (past_unreachable, a.unreachable_after + slack, "unreachable"),
-            (past_lost, a.lost_after + slack, "lost"),
-        )
+        rest = pool[2 * count :]
+        tail = max(count // 5, 1)
+        stay_lost, stay_unreachable = rest[:tail], rest[tail : 2 * tail]
         now = time.time()
-        for group, _, deepest in groups:
-            for node in group:
-                node.silent = True
-                self.silenced[node.node_id] = (now, deepest)
-        # Quiet to the end: half long enough to be lost, half between the thresholds at the end.
-        between = (a.unreachable_after + a.lost_after) / 2
-        for node in stay_lost:
+        for node in past_unreachable + past_lost + stay_lost:
             node.silent = True
-            self.silenced[node.node_id] = (now, "lost")
+            self.silenced[node.node_id] = now
+        self.quiet_to_the_end = stay_lost + stay_unreachable
         self.mark(
             "nodes silenced",
             past_unreachable=len(past_unreachable),
             past_lost=len(past_lost),
-            quiet_to_the_end=len(stay_lost) + len(stay_unreachable),
+            quiet_to_the_end=len(stay_lost),
         )
-        self.quiet_at_end = {n.node_id: "lost" for n in stay_lost}
+        # The last group falls quiet so that at the end it sits between the two thresholds.
+        between = (a.unreachable_after + a.lost_after) / 2
 
         async def go_quiet_later() -> None:
-            delay = self.end_at - between - time.time()
-            await asyncio.sleep(max(delay, 0))
+            await asyncio.sleep(max(self.end_at - between - time.time(), 0))
             for node in stay_unreachable:
                 node.silent = True
-                self.silenced[node.node_id] = (time.time(), "unreachable")
-                self.quiet_at_end[node.node_id] = "unreachable"
+                self.silenced[node.node_id] = time.time()
             self.mark("nodes silenced until the end", count=len(stay_unreachable), seconds=round(between))
 
-        async def come_back(group, after: float, deepest: str) -> None:
+        async def come_back(group, after: float, passing: str) -> None:
             await asyncio.sleep(after)
             for node in group:
                 node.silent = False
-            self.mark(f"nodes back after passing {deepest}", count=len(group), silent_for=round(after))
+                self.returned[node.node_id] = time.time()
+            self.mark(f"nodes back after passing {passing}", count=len(group), silent_for=round(after))
 
-        self.background.append(asyncio.create_task(go_quiet_later()))
-        for group, after, deepest in groups:
-            self.background.append(asyncio.create_task(come_back(group, after, deepest)))
+        self.background += [
+            asyncio.create_task(go_quiet_later()),
+            asyncio.create_task(come_back(past_unreachable, a.unreachable_after + self.slack, "unreachable")),
+            asyncio.create_task(come_back(past_lost, a.lost_after + self.slack, "lost")),
+        ]
+
+    def deepest_state(self, silent_for: float) -> set[str]:
+        """What a node quiet for `silent_for` seconds must have reached (a set when it could be either)."""
+        a = self.args
+        longest = silent_for + a.interval  # its last beat may have been up to an interval earlier
+        if silent_for >= a.lost_after + a.beat_period + 5:
+            return {"lost"}
+        if silent_for >= a.unreachable_after + a.beat_period + 5 and longest + 1 < a.lost_after:
+            return {"unreachable"}
+        if silent_for >= a.unreachable_after + a.beat_period + 5:
+            return {"unreachable", "lost"}
+        return {"alive", "unreachable"}
 
     # -- operators -------------------------------------------------------------------------------
 
@@ -372,6 +394,7 @@ class Soak:
         self.operator = Operator(f"http://127.0.0.1:{self.web_port}", "admin", self.admin_password)
         self.audit = checks.MetricsAudit(max_age=float(self.env.get("LLMGW_LOAD_MAX_AGE", 60)))
         self.background: list[asyncio.Task] = []
+        self.actions: list[asyncio.Task] = []
         fleet_task = asyncio.create_task(self.fleet.run())
         self.t0 = time.time()
         self.mark("stack up; fleet starting", nodes=a.nodes, agents=a.agents)
@@ -391,16 +414,23 @@ class Soak:
         ]
         if "inventory" in self.faults:
             self.background.append(asyncio.create_task(self.change_inventories()))
+        settle = 2 * a.interval + a.beat_period + 5
         for at, fault in self.schedule():
+            # A fault that ran long pushes the next one back: never two at once.
             await asyncio.sleep(max(self.t0 + at - time.time(), 0))
             await self.run_fault(fault)
+            await asyncio.sleep(3)
+        # Every part back, then long enough for every returned node to beat and be swept.
+        self.end_at = max(self.end_at, time.time() + settle)
         await asyncio.sleep(max(self.end_at - time.time(), 0))
+        await asyncio.gather(*self.actions)
         for task in self.background:
             task.cancel()
         self.mark("run over; checking")
         await asyncio.to_thread(self.sample_memory, "end")
         self.fleet.stop()
         await fleet_task
+        self.stopped_at = time.time()
         return await asyncio.to_thread(self.check)
 
     def check(self) -> dict:
@@ -410,8 +440,15 @@ class Soak:
         a = self.args
         sim_ids = {n.node_id for n in self.fleet.nodes}
         expected_liveness = {node_id: {"alive"} for node_id in sim_ids}
-        for node_id, deepest in getattr(self, "quiet_at_end", {}).items():
-            expected_liveness[node_id] = {deepest}
+        required = {}  # node → states it must have passed through on the way (one of them)
+        for node_id, since in self.silenced.items():
+            back = self.returned.get(node_id)
+            if back is None:
+                expected_liveness[node_id] = self.deepest_state(self.stopped_at - since)
+                required[node_id] = expected_liveness[node_id] - {"alive"}
+            else:
+                required[node_id] = self.deepest_state(back - since) - {"alive"}
+        required = {node_id: states for node_id, states in required.items() if states}
         for i in range(a.agents):
             expected_liveness[f"soak-agent-{i}"] = {"alive"}
         expected_admin = {node_id: {"active"} for node_id in expected_liveness}
@@ -420,7 +457,7 @@ class Soak:
         results = {
             "inventory": checks.inventory_check(self.fleet.nodes),
             "states": checks.state_check(expected_liveness, expected_admin),
-            "transitions": checks.transitions_check(self.silenced, never_silent, self.t0),
+            "transitions": checks.transitions_check(required, never_silent, self.t0),
             "allocations": allocation_check(),
             "metrics": self.audit.summary(),
             "heartbeats": checks.heartbeat_summary(self.fleet.requests, self.outages, self.t0),
@@ -515,8 +552,13 @@ def machine() -> dict:
     }
 
 
+def stop_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)  # unwinds through the finally that stops the stack
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
     soak = Soak(args)
     try:
         result = asyncio.run(soak.run())
