@@ -366,7 +366,8 @@ class Soak:
             parts[name] = tree_rss(part.process.pid)
         for pid in self.postgres.processes():
             parts["postgres"] = tree_rss(pid)
-        parts["soak (simulator)"] = tree_rss(os.getpid())
+        # The soak's own process alone: the stack's processes are its children.
+        parts["soak (simulator)"] = round(psutil.Process().memory_info().rss / 2**20, 1)
         self.memory.append({"t": round(self.now(), 1), "label": label, "rss_mib": parts})
 
     async def sample_memory_every(self, seconds: float) -> None:

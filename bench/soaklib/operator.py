@@ -9,6 +9,7 @@ speaks plain HTTP to gunicorn.
 from __future__ import annotations
 
 import re
+from http.cookiejar import DefaultCookiePolicy
 
 import requests
 
@@ -23,27 +24,30 @@ class Operator:
         self.username, self.password = username, password
         self.timeout = timeout
         self.session = requests.Session()
+        # The session's jar would refuse to send Secure cookies over http: keep them ourselves.
+        self.session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
+        self.cookies: dict[str, str] = {}
         host = self.base.split("://", 1)[1]
         self.session.headers.update({"X-Forwarded-Proto": "https", "Origin": f"https://{host}"})
         self.logged_in = False
 
     def _keep_cookies(self, response: requests.Response) -> None:
-        # The jar would not send Secure cookies over http; the proxy in front would have.
         for cookie in response.cookies:
-            self.session.cookies.set(cookie.name, cookie.value)
+            self.cookies[cookie.name] = cookie.value
 
     def _get(self, path: str) -> requests.Response:
-        response = self.session.get(self.base + path, timeout=self.timeout, allow_redirects=False)
+        response = self.session.get(self.base + path, cookies=self.cookies, timeout=self.timeout, allow_redirects=False)
         self._keep_cookies(response)
         return response
 
     def _post(self, path: str, data: dict | list) -> requests.Response:
-        token = self.session.cookies.get("csrftoken")
+        token = self.cookies.get("csrftoken", "")
         if isinstance(data, dict):
             data = list(data.items())
         response = self.session.post(
             self.base + path,
             data=[*data, ("csrfmiddlewaretoken", token)],
+            cookies=self.cookies,
             headers={"Referer": f"https://{self.base.split('://', 1)[1]}{path}"},
             timeout=self.timeout,
             allow_redirects=False,
@@ -53,12 +57,12 @@ class Operator:
 
     def login(self) -> None:
         page = self._get("/admin/login/")
-        if page.status_code != 200 or "csrftoken" not in self.session.cookies:
+        if page.status_code != 200 or "csrftoken" not in self.cookies:
             raise AdminError(f"login page answered {page.status_code}")
         response = self._post(
             "/admin/login/?next=/admin/", {"username": self.username, "password": self.password, "next": "/admin/"}
         )
-        if response.status_code != 302 or "sessionid" not in self.session.cookies:
+        if response.status_code != 302 or "sessionid" not in self.cookies:
             raise AdminError(f"login answered {response.status_code}: {_error(response)}")
         self.logged_in = True
 
