@@ -3,22 +3,37 @@
 Every change is a compare-and-set update (`filter(pk=…, liveness=old)`), and
 the side effects run only when that update changed a row, so a late or
 duplicated sweep does nothing twice. Admin state is never touched here.
+
+An ordinary heartbeat of a live node writes no database row: its time goes into
+one Redis hash (`note_heartbeat`), and `flush_heartbeats` moves the whole hash
+into `Node.last_heartbeat` with a few bulk UPDATEs. The sweep flushes first, so
+it never judges a node by a time older than the one Redis holds. Changes of
+liveness still go straight to the database (`touch`), as does every heartbeat
+while Redis is down.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from itertools import islice
 
+import redis
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from inventory.allocations import release_replica
 from inventory.models import Allocation, Liveness, Node, NodeEvent
+from nodes import loadstore
 
 log = logging.getLogger(__name__)
+
+# node id → arrival time (Unix seconds, the control plane's clock) of its latest
+# heartbeat not yet written to the database.
+HEARTBEATS_KEY = "llmgw:liveness:heartbeats"
+FLUSH_BATCH = 500
 
 
 def change_liveness(node_id: str, old: str, new: str, reason: str, at: datetime) -> bool:
@@ -49,24 +64,99 @@ def touch(node: Node, now: datetime | None = None) -> Node:
     return node
 
 
+def note_heartbeat(pipe, node_id: str, received_at: float) -> None:
+    """Queue a live node's heartbeat time on a Redis pipeline; `flush_heartbeats` stores it."""
+    pipe.hset(HEARTBEATS_KEY, node_id, repr(received_at))
+
+
+def flush_heartbeats() -> int:
+    """Write the heartbeat times held in Redis to the database in bulk; returns how many.
+
+    The hash is taken and emptied in one transaction, so a heartbeat arriving
+    meanwhile lands in a fresh hash for the next flush. If the database refuses
+    the write, the times are put back unless a newer one has arrived since.
+    """
+    client = loadstore.client()
+    pipe = client.pipeline(transaction=True)
+    pipe.hgetall(HEARTBEATS_KEY)
+    pipe.delete(HEARTBEATS_KEY)
+    raw, _ = pipe.execute()
+    if not raw:
+        return 0
+    try:
+        _write_last_heartbeats(raw)
+    except Exception:
+        putback = client.pipeline(transaction=False)
+        for node_id, value in raw.items():
+            putback.hsetnx(HEARTBEATS_KEY, node_id, value)
+        putback.execute()
+        raise
+    return len(raw)
+
+
+def _write_last_heartbeats(raw: dict[bytes, bytes]) -> None:
+    times = {}
+    for node_id, value in raw.items():
+        try:
+            times[node_id.decode()] = datetime.fromtimestamp(float(value), UTC)
+        except (ValueError, OverflowError, UnicodeDecodeError):
+            log.warning("dropping unreadable heartbeat time %r of %r", value, node_id)
+    items = iter(sorted(times.items()))
+    sql = _bulk_update_sql()
+    with connection.cursor() as cursor:
+        while batch := list(islice(items, FLUSH_BATCH)):
+            rows = ", ".join(["(%s, %s)"] * len(batch))
+            params = [part for node_id, at in batch for part in (node_id, connection.ops.adapt_datetimefield_value(at))]
+            cursor.execute(sql.format(rows=rows), params)
+
+
+def _bulk_update_sql() -> str:
+    """One UPDATE for a batch of (id, time) rows; PostgreSQL and SQLite (3.33+) both take it.
+
+    Raw SQL because the ORM's equivalent (a CASE with a WHEN per row) costs the
+    worker about two seconds of CPU per 10,000 nodes, every five seconds.
+    Forward only: `touch` may have written a newer time straight to the row.
+    """
+    quote = connection.ops.quote_name
+    table, pk = quote(Node._meta.db_table), quote(Node._meta.pk.column)
+    column = quote(Node._meta.get_field("last_heartbeat").column)
+    return (
+        f"WITH arrived(id, at) AS (VALUES {{rows}}) "
+        f"UPDATE {table} SET {column} = arrived.at FROM arrived "
+        f"WHERE {table}.{pk} = arrived.id AND ({table}.{column} IS NULL OR {table}.{column} < arrived.at)"
+    )
+
+
 @dataclass
 class SweepResult:
     unreachable: list[str] = field(default_factory=list)
     lost: list[str] = field(default_factory=list)
     released_replicas: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    flushed: int = 0
 
 
 def mark_stale(now: datetime | None = None) -> SweepResult:
     """Mark silent nodes unreachable, and long-silent ones lost.
 
-    A node becoming lost has every replica with a shard on it released whole,
-    since a replica fails whole. One node raising does not stop the rest.
+    Heartbeat times held in Redis are flushed first. A node becoming lost has
+    every replica with a shard on it released whole, since a replica fails
+    whole. One node raising does not stop the rest; Redis being down stops
+    nothing either (heartbeats then go to the database directly).
     """
     now = now or timezone.now()
+    result = SweepResult()
+    try:
+        result.flushed = flush_heartbeats()
+    except redis.RedisError as exc:
+        log.warning("sweeping without flushing heartbeat times, Redis is unavailable: %s", exc)
+    _sweep(now, result)
+    return result
+
+
+def _sweep(now: datetime, result: SweepResult) -> None:
     unreachable_before = now - timedelta(seconds=settings.LLMGW_UNREACHABLE_AFTER)
     lost_before = now - timedelta(seconds=settings.LLMGW_LOST_AFTER)
-    result = SweepResult()
 
     silent = Node.objects.filter(liveness=Liveness.ALIVE, last_heartbeat__lt=unreachable_before)
     for node_id in silent.values_list("pk", flat=True):
@@ -89,7 +179,6 @@ def mark_stale(now: datetime | None = None) -> SweepResult:
         except Exception:
             log.exception("marking node %s lost failed", node_id)
             result.failed.append(node_id)
-    return result
 
 
 def release_replicas_on(node_id: str) -> list[str]:

@@ -31,6 +31,8 @@ try:
     LLMGW_LOST_AFTER = env_float("LLMGW_LOST_AFTER", 300.0, minimum=0.1)
     LLMGW_LOAD_MAX_AGE = env_float("LLMGW_LOAD_MAX_AGE", 60.0, minimum=0.1)
     LLMGW_BEAT_PERIOD = env_float("LLMGW_BEAT_PERIOD", 5.0, minimum=0.1)
+    # Routes an empty view for bench/heartbeat.py's ceiling; never set in production.
+    LLMGW_BENCH_EMPTY_VIEW = env_bool("LLMGW_BENCH_EMPTY_VIEW", False)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
     CONN_MAX_AGE = env_int("CONN_MAX_AGE", 60, minimum=0)
     # Agent API limits (nodes/ratelimit.py), per minute, shared by all workers through Redis.

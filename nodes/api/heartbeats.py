@@ -1,0 +1,138 @@
+"""A heartbeat: which node sent it, and everything it changes.
+
+The ordinary heartbeat of a live node with an unchanged inventory costs two
+Redis round trips and no database access: one to read the node's card (see
+`cards`), one pipeline that notes the heartbeat time, stores the load and
+counts the heartbeat. The database is written only when something changed:
+a new inventory, or a node coming back to life. While Redis is down the same
+heartbeat is answered from the database, its time written there directly and
+its load dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import redis
+from django.conf import settings
+
+from agent import protocol
+from inventory import liveness
+from inventory.models import Liveness, Node, derive_state
+from inventory.registration import upsert_inventory
+from nodes import loadstore, selfmetrics
+from nodes.api import cards
+from nodes.api.cards import NodeCard
+from nodes.api.rejections import Rejected
+from nodes.models import digest_matches, split_token
+
+log = logging.getLogger(__name__)
+
+_NODE_ID = re.compile(protocol.NodeId.__metadata__[0].pattern)
+
+# Redis being down is logged at most this often per process, not once per heartbeat.
+REDIS_WARNING_EVERY_SECONDS = 30.0
+_last_redis_warning = 0.0
+
+
+@dataclass
+class Caller:
+    """The node a request's token proves, and what the heartbeat path knows of it."""
+
+    card: NodeCard
+    # The card came from Redis, current: no need to store it again.
+    cached: bool
+    redis_up: bool
+
+
+def authenticate(token: str) -> Caller:
+    """The node whose token this is, or a 401: nothing in the body can name another node."""
+    node_id, secret = split_token(token)
+    if len(node_id) > protocol.MAX_ID or not _NODE_ID.fullmatch(node_id):
+        raise Rejected(401, "Authorization", "not a node token", "unauthorized")
+    redis_up = True
+    try:
+        card, generation = cards.read(node_id)
+    except redis.RedisError as exc:
+        _warn_redis_down(exc)
+        card, generation, redis_up = None, 0, False
+    cached = card is not None
+    if card is None:
+        card = cards.from_database(node_id, generation)
+    if card is None or not digest_matches(secret, card.secret_digest):
+        raise Rejected(401, "Authorization", "unknown or revoked node token", "unauthorized")
+    return Caller(card, cached, redis_up)
+
+
+def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: float, started: float):
+    """Apply a valid heartbeat of the caller's node; returns the reply to send.
+
+    `received_at` is the arrival time on the control plane's clock (the agent's
+    `sent_at` is never used for ages); `started` is the perf_counter reading when
+    handling began, for the handling-time histogram.
+    """
+    card = caller.card
+    at = datetime.fromtimestamp(received_at, UTC)
+    store_card = not caller.cached
+    if beat.inventory is not None:
+        upsert_inventory(card.node_id, beat.inventory, beat.inventory_hash, now=at)
+        card.inventory_hash = beat.inventory_hash
+        store_card = True
+    written = False
+    if card.liveness != Liveness.ALIVE:
+        # A change of state goes to the database at once. It records an event,
+        # which makes every cached card of the node stale: this one is not stored.
+        node = Node.objects.only("id", "liveness", "admin_state").filter(pk=card.node_id).first()
+        if node is None:
+            raise Rejected(401, "Authorization", "unknown or revoked node token", "unauthorized")
+        liveness.touch(node, at)
+        card.liveness, card.admin_state = node.liveness, node.admin_state
+        store_card, written = False, True
+    if caller.redis_up:
+        try:
+            pipe = loadstore.client().pipeline(transaction=False)
+            if not written:
+                liveness.note_heartbeat(pipe, card.node_id, received_at)
+            if beat.load is not None:
+                loadstore.save(card.node_id, beat.load, received_at, pipe)
+            if store_card:
+                cards.store(pipe, card)
+            selfmetrics.add(pipe, selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started))
+            pipe.execute()
+            written = True
+        except redis.RedisError as exc:
+            _warn_redis_down(exc)
+    if not written:
+        liveness.touch(Node(pk=card.node_id, liveness=card.liveness), at)
+    return heartbeat_reply(card, beat)
+
+
+def heartbeat_reply(card: NodeCard, beat: protocol.Heartbeat) -> protocol.HeartbeatReply:
+    """What the node is told: its displayed state, when to beat next, whether to send its inventory.
+
+    `shards` stays None (the agent leaves its shards alone) until placement
+    decides the shards each node should run.
+    """
+    return protocol.HeartbeatReply(
+        state=derive_state(card.admin_state, card.liveness),
+        heartbeat_interval=settings.LLMGW_HEARTBEAT_INTERVAL,
+        # An empty hash claims nothing; a different one means the node has changed.
+        inventory_wanted=beat.inventory is None and beat.inventory_hash not in ("", card.inventory_hash),
+        shards=None,
+    )
+
+
+def count_rejection(outcome: str, started: float) -> None:
+    selfmetrics.record(selfmetrics.heartbeat_fields(outcome, time.perf_counter() - started))
+
+
+def _warn_redis_down(exc: Exception) -> None:
+    global _last_redis_warning
+    now = time.monotonic()
+    if now - _last_redis_warning >= REDIS_WARNING_EVERY_SECONDS:
+        _last_redis_warning = now
+        log.warning("Redis unavailable, heartbeats go to the database and their loads are dropped: %s", exc)

@@ -1,0 +1,43 @@
+"""Joining: a join token and a node's id and inventory buy the node a fresh token."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from agent import protocol
+from inventory.liveness import touch
+from inventory.registration import record_registration, upsert_inventory
+from nodes.models import JoinToken, NodeToken, digest, digest_matches
+
+
+def join_token_name(token: str) -> str | None:
+    """Which join token this is ("cluster" for LLMGW_JOIN_TOKEN), or None if none is."""
+    cluster_token = settings.LLMGW_JOIN_TOKEN or ""
+    # Compare digests, so the comparison takes as long whatever the lengths.
+    if cluster_token and digest_matches(token, digest(cluster_token)):
+        return "cluster"
+    join_token = JoinToken.find(token)
+    if join_token is None:
+        return None
+    JoinToken.objects.filter(pk=join_token.pk).update(last_used_at=timezone.now())
+    return join_token.name
+
+
+def register_node(message: protocol.Register, joined_with: str, now: datetime | None = None) -> protocol.Registered:
+    """Record the node and its inventory, and issue it a new token, in one transaction.
+
+    An existing node keeps its admin state and is brought back to alive (a
+    registration is a sign of life); its old token stops working at once.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        node, created = upsert_inventory(message.node_id, message.inventory, message.inventory_hash, now=now)
+        token = NodeToken.issue(node)
+        if not created:
+            touch(node, now)
+        record_registration(node, created, actor=f"agent (join token: {joined_with})"[:150])
+    return protocol.Registered(node_id=node.pk, token=token, heartbeat_interval=settings.LLMGW_HEARTBEAT_INTERVAL)

@@ -1,0 +1,114 @@
+"""Refusing a request: one exception, one JSON shape, and reading a body within bounds.
+
+Every refusal of the agent API is a 4xx whose body is a `protocol.Rejection`
+naming the field (a JSON path like `$.load.cpu_percent`, or a header) and why.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+from django.http import HttpRequest, HttpResponse
+
+from agent import protocol
+
+# The protocol's own messages nest five levels deep at most ($.inventory.fabrics[0].hcas);
+# deeper data can only be an unknown field, and is refused rather than walked.
+MAX_DEPTH = 16
+# A string (possibly with escapes), or one bracket.
+_JSON_TOKENS = re.compile(rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"|[\[\]{}]')
+_OPENERS = frozenset(b"[{")
+
+
+class Rejected(Exception):
+    """A request refused; `outcome` is the short reason counted in the self-metrics."""
+
+    def __init__(self, status: int, field: str, reason: str, outcome: str):
+        super().__init__(f"{field}: {reason}")
+        self.status = status
+        self.field = field
+        self.reason = reason
+        self.outcome = outcome
+
+    def response(self) -> HttpResponse:
+        response = json_response(protocol.Rejection(field=self.field, reason=self.reason), status=self.status)
+        if self.status == 401:
+            response["WWW-Authenticate"] = "Bearer"
+        return response
+
+
+def json_response(message: protocol.Struct, status: int = 200) -> HttpResponse:
+    return HttpResponse(protocol.encode(message), status=status, content_type="application/json")
+
+
+def bearer_token(request: HttpRequest) -> str:
+    # META rather than request.headers: building that mapping costs more than the rest of this.
+    scheme, _, token = request.META.get("HTTP_AUTHORIZATION", "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise Rejected(401, "Authorization", "a bearer token is required", "unauthorized")
+    return token
+
+
+def read_json_body(request: HttpRequest) -> bytes:
+    """The body, refused before it is read if it is not JSON or is too large."""
+    if request.method != "POST":
+        raise Rejected(405, "method", "only POST is allowed", "bad_method")
+    content_type = request.content_type or ""
+    if content_type.lower() != "application/json":
+        raise Rejected(415, "Content-Type", "must be application/json", "not_json")
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise Rejected(400, "Content-Length", "not a number", "invalid") from None
+    limit = protocol.MAX_BODY_BYTES
+    if declared > limit:
+        raise Rejected(413, "$", f"the body is larger than {limit} bytes", "too_large")
+    # Read one byte past the limit: a body without a truthful length is caught too.
+    body = request.read(limit + 1)
+    if len(body) > limit:
+        raise Rejected(413, "$", f"the body is larger than {limit} bytes", "too_large")
+    return body
+
+
+def decode(body: bytes, kind: type[protocol.Struct]):
+    """Decode and validate a message, or refuse it naming the first field at fault."""
+    if nested_deeper_than(body, MAX_DEPTH):
+        raise Rejected(400, "$", f"nested deeper than {MAX_DEPTH} levels", "invalid")
+    # PostgreSQL cannot store a NUL character in text or JSON, so none may come in.
+    if b"\\u0000" in body:
+        raise Rejected(400, "$", "strings may not contain NUL (\\u0000)", "invalid")
+    try:
+        return protocol.decode(body, kind)
+    except msgspec.ValidationError as exc:
+        raise Rejected(400, *_field_and_reason(str(exc)), "invalid") from None
+    except msgspec.DecodeError as exc:
+        raise Rejected(400, "$", str(exc), "not_json") from None
+
+
+def nested_deeper_than(body: bytes, limit: int) -> bool:
+    """Whether the JSON nests arrays and objects more than `limit` deep (brackets in strings don't count)."""
+    # Cheap bound first: an ordinary heartbeat has too few brackets to be deep.
+    if body.count(b"{") + body.count(b"[") <= limit:
+        return False
+    depth = 0
+    for match in _JSON_TOKENS.finditer(body):
+        char = body[match.start()]
+        if char in _OPENERS:
+            depth += 1
+            if depth > limit:
+                return True
+        elif char != 0x22:  # a closing bracket, not a string
+            depth -= 1
+    return False
+
+
+def _field_and_reason(message: str) -> tuple[str, str]:
+    """Split msgspec's "Expected `int`, got `str` - at `$.load.cpus`" (or "- at `key` in `$.labels`")."""
+    reason, _, where = message.partition(" - at ")
+    paths = re.findall(r"`([^`]*)`", where)
+    field = next((path for path in paths if path.startswith("$")), "$")
+    if where.startswith("`key`"):
+        reason += " (in a key)"
+    return field, reason

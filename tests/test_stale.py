@@ -1,0 +1,177 @@
+"""The stale-marking sweep, called as a function with the clock moved across each threshold."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import time_machine
+
+from agent import protocol
+from inventory import liveness
+from inventory.allocations import allocate
+from inventory.models import AdminState, Allocation, Liveness, Node, NodeEvent
+from inventory.tasks import mark_stale as mark_stale_task
+from nodes import selfmetrics
+from tests.agentapi import JOIN_TOKEN, heartbeat, register, reply_of
+
+pytestmark = [pytest.mark.django_db]
+
+START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(autouse=True)
+def _settings(settings, redis_client):
+    settings.LLMGW_JOIN_TOKEN = JOIN_TOKEN
+    settings.LLMGW_UNREACHABLE_AFTER = 30
+    settings.LLMGW_LOST_AFTER = 300
+
+
+@pytest.fixture
+def clock():
+    with time_machine.travel(START, tick=False) as traveller:
+        yield traveller
+
+
+@pytest.fixture
+def tokens(client, clock):
+    """Two nodes that registered at START, one of them cordoned."""
+    tokens = {name: register(client, name, gpus=2) for name in ("gpu-1", "gpu-2")}
+    Node.objects.filter(pk="gpu-2").update(admin_state=AdminState.CORDONED)
+    return tokens
+
+
+def liveness_of(node_id: str) -> str:
+    return Node.objects.get(pk=node_id).liveness
+
+
+def at(seconds: float) -> datetime:
+    return START + timedelta(seconds=seconds)
+
+
+def test_a_silent_node_becomes_unreachable_after_30_s_then_lost_after_300_s(clock, tokens):
+    clock.move_to(at(29.9))
+    assert liveness.mark_stale().unreachable == []
+
+    clock.move_to(at(30.1))
+    result = liveness.mark_stale()
+    assert sorted(result.unreachable) == ["gpu-1", "gpu-2"]
+    assert liveness_of("gpu-1") == Liveness.UNREACHABLE
+    event = NodeEvent.objects.filter(node_id="gpu-1", kind=NodeEvent.Kind.LIVENESS).first()
+    assert (event.from_state, event.to_state, event.at) == (Liveness.ALIVE, Liveness.UNREACHABLE, at(30.1))
+    assert "30" in event.reason
+
+    clock.move_to(at(299.9))
+    assert liveness.mark_stale().lost == []
+
+    clock.move_to(at(300.1))
+    result = liveness.mark_stale()
+    assert sorted(result.lost) == ["gpu-1", "gpu-2"]
+    assert liveness_of("gpu-1") == Liveness.LOST
+    # Liveness never touches the operator's decision.
+    assert Node.objects.get(pk="gpu-2").admin_state == AdminState.CORDONED
+
+
+def test_a_late_or_repeated_sweep_changes_nothing_twice(clock, tokens):
+    clock.move_to(at(31))
+    assert liveness.mark_stale().unreachable
+    assert liveness.mark_stale().unreachable == []
+    clock.move_to(at(400))
+    assert liveness.mark_stale().lost
+    assert liveness.mark_stale().lost == []
+    kinds = NodeEvent.objects.filter(node_id="gpu-1", kind=NodeEvent.Kind.LIVENESS).values_list("to_state", flat=True)
+    assert sorted(kinds) == [Liveness.LOST, Liveness.UNREACHABLE]
+
+
+def test_a_heartbeat_still_held_in_redis_counts(client, clock, tokens):
+    clock.move_to(at(20))
+    reply_of(heartbeat(client, tokens["gpu-1"], protocol.Heartbeat()))
+    assert Node.objects.get(pk="gpu-1").last_heartbeat == START  # not flushed yet
+
+    clock.move_to(at(31))
+    result = liveness.mark_stale()
+
+    assert result.flushed == 1
+    assert result.unreachable == ["gpu-2"]
+    assert Node.objects.get(pk="gpu-1").last_heartbeat == at(20)
+
+
+def test_a_lost_node_frees_every_replica_with_a_shard_on_it_whole(client, clock, tokens):
+    gpu_1, gpu_2 = Node.objects.get(pk="gpu-1"), Node.objects.get(pk="gpu-2")
+    allocate(gpu_1, "r1-s0", "r1", [0])
+    allocate(gpu_2, "r1-s1", "r1", [0])  # the same replica, on a node that stays
+    allocate(gpu_2, "r2-s0", "r2", [1])
+    clock.move_to(at(31))
+    liveness.mark_stale()
+    clock.move_to(at(250))
+    reply_of(heartbeat(client, tokens["gpu-2"], protocol.Heartbeat()))
+
+    clock.move_to(at(301))
+    result = liveness.mark_stale()
+
+    assert result.lost == ["gpu-1"]
+    assert result.released_replicas == ["r1"]
+    assert list(Allocation.objects.values_list("shard_id", flat=True)) == ["r2-s0"]
+
+
+def test_a_failure_on_one_node_does_not_stop_the_rest(clock, tokens, monkeypatch):
+    real = liveness.change_liveness
+
+    def fails_for_gpu_1(node_id, *args, **kwargs):
+        if node_id == "gpu-1":
+            raise RuntimeError("boom")
+        return real(node_id, *args, **kwargs)
+
+    monkeypatch.setattr(liveness, "change_liveness", fails_for_gpu_1)
+    clock.move_to(at(31))
+    result = liveness.mark_stale()
+
+    assert result.failed == ["gpu-1"]
+    assert result.unreachable == ["gpu-2"]
+
+
+def test_the_sweep_runs_while_redis_is_down(clock, tokens, settings):
+    from nodes import loadstore
+    from tests.services import free_port
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    loadstore.reset_client()
+    try:
+        clock.move_to(at(31))
+        result = liveness.mark_stale()
+    finally:
+        loadstore.reset_client()
+    assert sorted(result.unreachable) == ["gpu-1", "gpu-2"]
+
+
+def test_the_celery_task_flushes_sweeps_and_counts_its_runs(clock, tokens, redis_client):
+    clock.move_to(at(31))
+    summary = mark_stale_task()
+    assert sorted(summary["unreachable"]) == ["gpu-1", "gpu-2"]
+    assert summary["failed"] == []
+    assert selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))["sweeps"] == 1
+
+
+def test_a_heartbeat_after_the_sweep_revives_the_node_at_once(client, clock, tokens):
+    reply_of(heartbeat(client, tokens["gpu-2"], protocol.Heartbeat()))  # caches the card as alive
+    clock.move_to(at(301))
+    liveness.mark_stale()
+    liveness.mark_stale()
+    assert liveness_of("gpu-2") == Liveness.LOST
+
+    reply = reply_of(heartbeat(client, tokens["gpu-2"], protocol.Heartbeat()))
+
+    assert reply.state == "cordoned"
+    assert liveness_of("gpu-2") == Liveness.ALIVE
+    assert Node.objects.get(pk="gpu-2").last_heartbeat == at(301)
+
+
+def test_the_flush_writes_every_held_time_across_batches(redis_client):
+    count = liveness.FLUSH_BATCH * 2 + 7
+    Node.objects.bulk_create(Node(id=f"n{i:04d}", last_heartbeat=START) for i in range(count))
+    arrived = {f"n{i:04d}": START.timestamp() + i for i in range(count)}
+    redis_client.hset(liveness.HEARTBEATS_KEY, mapping={k: repr(v) for k, v in arrived.items()})
+
+    assert liveness.flush_heartbeats() == count
+
+    stored = dict(Node.objects.values_list("id", "last_heartbeat"))
+    assert all(stored[node_id].timestamp() == at for node_id, at in arrived.items())
+    assert not redis_client.exists(liveness.HEARTBEATS_KEY)
