@@ -1,4 +1,4 @@
-"""Size and rate limits on the agent API, enforced before any view reads a byte of the body.
+"""Rate limits on the agent API, enforced before any view reads a byte of the body.
 
 The counters live in Redis, so a limit holds across every gunicorn worker and
 every web machine: a per-process counter would let N workers accept N times
@@ -11,8 +11,10 @@ which is coarse but costs one round trip.
   digest, never the token itself), several times what a healthy agent sends;
 - refused credentials: after LLMGW_AUTH_FAILURES_PER_MINUTE answers of 401 to
   one address, that address is refused outright for the rest of the minute,
-  which makes guessing tokens pointless;
-- bodies over `protocol.MAX_BODY_BYTES` are refused from their Content-Length.
+  which makes guessing tokens pointless.
+
+The views refuse bodies over `protocol.MAX_BODY_BYTES` themselves
+(`nodes/api/rejections.py`).
 
 A Redis outage lifts the rate limits rather than refusing every agent: the
 heartbeat path reports that outage itself, and a fleet that cannot beat would
@@ -131,22 +133,13 @@ class AgentAPILimitMiddleware:
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path not in (REGISTER, HEARTBEAT):
             return self.get_response(request)
-        refused = self.check_size(request) or self.check_rate(request)
+        refused = self.check_rate(request)
         if refused is not None:
             return refused
         response = self.get_response(request)
         if response.status_code == 401:
             self.count_failure(request)
         return response
-
-    def check_size(self, request: HttpRequest) -> HttpResponse | None:
-        try:
-            length = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            return refusal(400, "body", "Content-Length is not a number")
-        if length > protocol.MAX_BODY_BYTES:
-            return refusal(413, "body", f"larger than {protocol.MAX_BODY_BYTES} bytes")
-        return None
 
     def check_rate(self, request: HttpRequest) -> HttpResponse | None:
         address = client_address(request)
