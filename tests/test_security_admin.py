@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import pytest
 from django.test import Client
-from django.utils import timezone
 
 from agent import protocol
-from inventory.liveness import change_liveness
-from inventory.models import AdminState, Liveness, Node
-from inventory.registration import upsert_inventory
+from inventory.models import AdminState, Node
+from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post
 from tests.conftest import make_inventory
 
 pytestmark = pytest.mark.django_db
@@ -52,11 +50,20 @@ def hostile_inventory() -> protocol.Inventory:
 
 
 @pytest.fixture
-def hostile_node(db):
-    node, _ = upsert_inventory("evil-1", hostile_inventory())
-    # A history entry carrying a hostile reason too, as a liveness change would record.
-    change_liveness(node.pk, Liveness.ALIVE, Liveness.UNREACHABLE, HOSTILE["hostname"], timezone.now())
-    return node
+def hostile_node(client, settings, redis_client):
+    """A node that reported hostile strings through the real agent API, as an agent would."""
+    settings.LLMGW_JOIN_TOKEN = JOIN_TOKEN
+    registration = protocol.Register(node_id="evil-1", inventory=hostile_inventory(), inventory_hash="h1")
+    response = post(client, "/api/v1/register", registration, JOIN_TOKEN)
+    assert response.status_code == 200, response.content
+    token = protocol.decode(response.content, protocol.Registered).token
+    beat = protocol.Heartbeat(
+        inventory_hash="h1",
+        load=a_load(),
+        shards=[protocol.ShardStatus(shard="evil-shard", state="failed", detail=HOSTILE["provision_detail"])],
+    )
+    assert heartbeat(client, token, beat).status_code == 200
+    return Node.objects.get(pk="evil-1")
 
 
 def assert_escaped(body: str) -> None:
