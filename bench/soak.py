@@ -463,6 +463,7 @@ class Soak:
             "metrics": self.audit.summary(),
             "heartbeats": checks.heartbeat_summary(self.fleet.requests, self.outages, self.t0),
             "operator": {"errors": self.operator_errors, "ok": not self.operator_errors},
+            "clock_skew": skew_check(self.fleet.nodes, a.agents if "clock" in self.faults else 0),
             "memory": memory_summary(self.memory),
         }
         return {
@@ -516,6 +517,22 @@ def allocation_check() -> dict:
         "gpus_claimed_twice": doubled,
         "allocations_on_lost_nodes": on_lost,
         "ok": not doubled and not on_lost,
+    }
+
+
+def skew_check(nodes, skewed_agents: int) -> dict:
+    """Nodes whose clocks are 10 minutes off are alive and never marked otherwise (ages use our clock)."""
+    from inventory.models import Node, NodeEvent
+
+    ids = [n.node_id for n in nodes if n.skew] + [f"soak-agent-{i}" for i in range(min(skewed_agents, 2))]
+    alive = Node.objects.filter(pk__in=ids, liveness="alive").count()
+    changed = NodeEvent.objects.filter(node_id__in=ids, kind=NodeEvent.Kind.LIVENESS).values("node_id").distinct()
+    return {
+        "nodes": len(ids),
+        "alive_at_end": alive,
+        # Outages can mark any node unreachable; the figure is reported, the check is the end state.
+        "ever_marked_unreachable": changed.count(),
+        "ok": alive == len(ids),
     }
 
 

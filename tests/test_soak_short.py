@@ -57,7 +57,9 @@ def test_every_fault_was_injected(report):
     assert events.count("operator acted") >= 3
 
 
-@pytest.mark.parametrize("check", ["inventory", "states", "transitions", "allocations", "metrics", "operator"])
+@pytest.mark.parametrize(
+    "check", ["inventory", "states", "transitions", "allocations", "metrics", "operator", "clock_skew"]
+)
 def test_check_passed(report, check):
     result = report["checks"][check]
     assert result["ok"], json.dumps(result, indent=1)

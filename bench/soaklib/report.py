@@ -85,6 +85,11 @@ def markdown(result: dict) -> str:
             f"p50 {beats['p50_ms']} ms, p99 {beats['p99_ms']} ms",
         ),
         _row("operator", c["operator"], f"{len(c['operator']['errors'])} failed admin actions"),
+        _row(
+            "clocks ±10 min",
+            c["clock_skew"],
+            f"{c['clock_skew']['nodes']} nodes, {c['clock_skew']['alive_at_end']} alive at the end",
+        ),
         "",
         "## Faults",
         "",
