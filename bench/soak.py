@@ -461,7 +461,9 @@ class Soak:
             "transitions": checks.transitions_check(required, never_silent, self.t0),
             "allocations": allocation_check(),
             "metrics": self.audit.summary(),
-            "heartbeats": checks.heartbeat_summary(self.fleet.requests, self.outages, self.t0),
+            "heartbeats": checks.heartbeat_summary(
+                self.fleet.requests, self.outages, self.t0, self.stopped_at, a.nodes / a.interval
+            ),
             "operator": {"errors": self.operator_errors, "ok": not self.operator_errors},
             "clock_skew": skew_check(self.fleet.nodes, a.agents if "clock" in self.faults else 0),
             "memory": memory_summary(self.memory),

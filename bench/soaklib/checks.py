@@ -109,8 +109,15 @@ def percentile(values: list[float], q: float) -> float | None:
     return ordered[min(int(q * len(ordered)), len(ordered) - 1)]
 
 
-def heartbeat_summary(requests: list[Request], outages: list[tuple[float, float]], since: float) -> dict:
-    """Error rate and latency of heartbeats after warm-up, with and without the injected outages."""
+def heartbeat_summary(
+    requests: list[Request], outages: list[tuple[float, float]], since: float, until: float, offered: float
+) -> dict:
+    """Error rate and latency of heartbeats after warm-up, with and without the injected outages.
+
+    `offered` is the rate the fleet would send if every answer came at once; the
+    simulator never sends a node's next beat before its last was answered, so a
+    slow control plane shows as a lower achieved rate, not as a queue.
+    """
     beats = [r for r in requests if r.kind == "heartbeat" and r.at >= since]
     outside = [r for r in beats if not overlaps(r, outages)]
     errors = [r for r in outside if r.status != 200]
@@ -120,6 +127,8 @@ def heartbeat_summary(requests: list[Request], outages: list[tuple[float, float]
     rate = len(errors) / len(outside) if outside else None
     return {
         "heartbeats": len(beats),
+        "per_second_offered": round(offered, 1),
+        "per_second_achieved": round(len(beats) / max(until - since, 1e-9), 1),
         "heartbeats_outside_outages": len(outside),
         "errors_outside_outages": len(errors),
         "error_kinds_outside_outages": dict(kinds),

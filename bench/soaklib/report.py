@@ -13,6 +13,7 @@ def figures(result: dict) -> list[dict]:
     rate = beats["error_rate_outside_outages"]
     rows = [
         ("heartbeats", beats["heartbeats"], "requests", None, "higher"),
+        ("heartbeats per second achieved", beats["per_second_achieved"], "1/s", beats["per_second_offered"], "higher"),
         ("heartbeat error rate outside outages", None if rate is None else round(rate * 100, 4), "%", 0.1, "lower"),
         ("heartbeat p50 latency", beats["p50_ms"], "ms", None, "lower"),
         ("heartbeat p99 latency", beats["p99_ms"], "ms", None, "lower"),
@@ -80,7 +81,8 @@ def markdown(result: dict) -> str:
         _row(
             "heartbeats",
             beats,
-            f"{beats['heartbeats']} sent; error rate outside outages "
+            f"{beats['heartbeats']} sent ({beats['per_second_achieved']}/s of {beats['per_second_offered']}/s "
+            "offered); error rate outside outages "
             f"{'n/a' if rate is None else f'{rate * 100:.3f} %'} ({beats['errors_outside_outages']}); "
             f"p50 {beats['p50_ms']} ms, p99 {beats['p99_ms']} ms",
         ),
