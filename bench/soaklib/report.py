@@ -93,6 +93,9 @@ def markdown(result: dict) -> str:
             f"{c['clock_skew']['nodes']} nodes, {c['clock_skew']['alive_at_end']} alive at the end",
         ),
         "",
+        f"Warm-up (registration and first beats, not measured): {result['warm_up']['seconds']} s; nodes the "
+        f"registration burst got marked unreachable meanwhile: {result['warm_up']['marked_unreachable']}.",
+        "",
         "## Faults",
         "",
     ]
