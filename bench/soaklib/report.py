@@ -69,7 +69,8 @@ def markdown(result: dict) -> str:
             c["allocations"],
             f"{c['allocations']['allocations']} allocations; GPUs claimed twice "
             f"{len(c['allocations']['gpus_claimed_twice'])}; left on lost nodes "
-            f"{len(c['allocations']['allocations_on_lost_nodes'])}",
+            f"{len(c['allocations']['allocations_on_lost_nodes'])}"
+            + ("" if c["allocations"]["allocations"] else " (not exercised: no deployment placed any replica)"),
         ),
         _row(
             "/metrics",
