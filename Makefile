@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-postgres bench lint format sysdeps sysdeps-test screenshots clean
+.PHONY: run test test-postgres bench soak lint format sysdeps sysdeps-test screenshots clean
 
 $(BIN)/.installed: requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
@@ -24,7 +24,14 @@ test: $(BIN)/.installed sysdeps-test
 	$(BIN)/python -m pytest
 
 bench: $(BIN)/.installed sysdeps-test
-	@for b in bench/*.py; do echo "## $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in bench/*.py; do [ $$b = bench/soak.py ] && continue; echo "## $$b"; $(BIN)/python $$b || exit 1; done
+
+# 20 minutes, 2,000 simulated nodes, every fault; not part of `make bench` or `make test`
+# (tests/test_soak_short.py is). MINUTES=5 NODES=500 make soak for a shorter one.
+MINUTES ?= 20
+NODES ?= 2000
+soak: $(BIN)/.installed sysdeps-test
+	$(BIN)/python bench/soak.py --minutes $(MINUTES) --nodes $(NODES)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .

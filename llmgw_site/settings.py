@@ -35,6 +35,14 @@ try:
     LLMGW_BENCH_EMPTY_VIEW = env_bool("LLMGW_BENCH_EMPTY_VIEW", False)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
     CONN_MAX_AGE = env_int("CONN_MAX_AGE", 60, minimum=0)
+    # Agent API limits (nodes/ratelimit.py), per minute, shared by all workers through Redis.
+    LLMGW_REGISTER_PER_MINUTE = env_int("LLMGW_REGISTER_PER_MINUTE", 20, minimum=1)
+    # Default: ten times what an agent beating at the configured interval sends.
+    LLMGW_HEARTBEAT_PER_MINUTE = env_int(
+        "LLMGW_HEARTBEAT_PER_MINUTE", max(120, int(600 / LLMGW_HEARTBEAT_INTERVAL)), minimum=1
+    )
+    LLMGW_AUTH_FAILURES_PER_MINUTE = env_int("LLMGW_AUTH_FAILURES_PER_MINUTE", 30, minimum=1)
+    LLMGW_PROXY_HOPS = env_int("LLMGW_PROXY_HOPS", 0, minimum=0)
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
@@ -75,6 +83,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "llmgw_site.security.SecurityHeadersMiddleware",
+    "nodes.ratelimit.AgentAPILimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -45,6 +45,14 @@ def _no_cached_shards():
     desired.forget()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _agent_api_limits_out_of_the_way():
+    """Tests register many nodes from 127.0.0.1 and beat fast; the limits' own tests lower them again."""
+    settings.LLMGW_REGISTER_PER_MINUTE = 1_000_000
+    settings.LLMGW_HEARTBEAT_PER_MINUTE = 1_000_000
+    settings.LLMGW_AUTH_FAILURES_PER_MINUTE = 1_000_000
+
+
 @pytest.fixture
 def redis_client(_redis_everywhere):
     client = loadstore.client()

@@ -1,0 +1,1 @@
+"""The soak's parts: the simulated fleet, the stack's faults, the end checks."""

@@ -1,0 +1,165 @@
+"""Rate limits on the agent API, enforced before any view reads a byte of the body.
+
+The counters live in Redis, so a limit holds across every gunicorn worker and
+every web machine: a per-process counter would let N workers accept N times
+the limit. Windows are fixed minutes (INCR, then EXPIRE on the first hit),
+which is coarse but costs one round trip.
+
+- registration: at most LLMGW_REGISTER_PER_MINUTE per client address, since a
+  join token is shared and a leaked one must not mint tokens at line rate;
+- heartbeat: at most LLMGW_HEARTBEAT_PER_MINUTE per node token (keyed by its
+  digest, never the token itself), several times what a healthy agent sends;
+- refused credentials: after LLMGW_AUTH_FAILURES_PER_MINUTE answers of 401 to
+  one address, that address is refused outright for the rest of the minute,
+  which makes guessing tokens pointless.
+
+The views refuse bodies over `protocol.MAX_BODY_BYTES` themselves
+(`nodes/api/rejections.py`).
+
+A Redis outage lifts the rate limits rather than refusing every agent: the
+heartbeat path reports that outage itself, and a fleet that cannot beat would
+be marked unreachable for the control plane's failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import time
+
+import redis
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from agent import protocol
+
+log = logging.getLogger(__name__)
+
+REGISTER = "/api/v1/register"
+HEARTBEAT = "/api/v1/heartbeat"
+WINDOW = 60
+PREFIX = "llmgw:limit:"
+
+
+def client_address(request: HttpRequest) -> str:
+    """The agent's address: REMOTE_ADDR, or the entry our own proxies added to X-Forwarded-For.
+
+    With LLMGW_PROXY_HOPS proxies in front, each appends the address it saw, so the
+    client is that many entries from the right; anything further left was written by
+    the client and proves nothing.
+    """
+    hops = settings.LLMGW_PROXY_HOPS
+    if hops:
+        forwarded = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",") if part.strip()]
+        if len(forwarded) >= hops:
+            return forwarded[-hops]
+    return request.META.get("REMOTE_ADDR", "")
+
+
+def bearer_digest(request: HttpRequest) -> str:
+    _, _, token = request.headers.get("Authorization", "").partition(" ")
+    return hashlib.sha256(token.strip().encode()).hexdigest()[:32]
+
+
+def refusal(status: int, field: str, reason: str, retry_after: int | None = None) -> HttpResponse:
+    response = HttpResponse(
+        protocol.encode(protocol.Rejection(field=field, reason=reason)),
+        status=status,
+        content_type="application/json",
+    )
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
+
+
+_client: redis.Redis | None = None
+
+
+def default_client() -> redis.Redis:
+    """A client of our own that gives up at once: redis-py's default retries for seconds with
+    backoff, and a limiter that waits that long on every request during an outage is worse than none."""
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(
+            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+        )
+    return _client
+
+
+def reset_client() -> None:
+    global _client
+    _client = None
+
+
+class Limiter:
+    """Fixed-window counters in Redis."""
+
+    def __init__(self, client: redis.Redis | None = None):
+        self._client = client
+
+    @property
+    def client(self) -> redis.Redis:
+        return self._client or default_client()
+
+    @staticmethod
+    def _key(name: str, now: float) -> tuple[str, int]:
+        window = int(now // WINDOW)
+        return f"{PREFIX}{name}:{window}", WINDOW - int(now % WINDOW)
+
+    def hit(self, name: str, now: float | None = None) -> tuple[int, int]:
+        """Count one hit; (hits in this window, seconds until it ends)."""
+        key, remaining = self._key(name, now if now is not None else time.time())
+        pipe = self.client.pipeline(transaction=False)
+        pipe.incr(key)
+        pipe.expire(key, WINDOW + 1, nx=True)
+        count, _ = pipe.execute()
+        return int(count), remaining
+
+    def count(self, name: str, now: float | None = None) -> tuple[int, int]:
+        key, remaining = self._key(name, now if now is not None else time.time())
+        return int(self.client.get(key) or 0), remaining
+
+
+class AgentAPILimitMiddleware:
+    """Applies the limits above to POST /api/v1/register and /api/v1/heartbeat only."""
+
+    def __init__(self, get_response, limiter: Limiter | None = None):
+        self.get_response = get_response
+        self.limiter = limiter or Limiter()
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path not in (REGISTER, HEARTBEAT):
+            return self.get_response(request)
+        refused = self.check_rate(request)
+        if refused is not None:
+            return refused
+        response = self.get_response(request)
+        if response.status_code == 401:
+            self.count_failure(request)
+        return response
+
+    def check_rate(self, request: HttpRequest) -> HttpResponse | None:
+        address = client_address(request)
+        try:
+            failures, remaining = self.limiter.count(f"fail:{address}")
+            if failures >= settings.LLMGW_AUTH_FAILURES_PER_MINUTE:
+                return refusal(429, "authorization", "too many refused tokens from this address", remaining)
+            if request.path == REGISTER:
+                hits, remaining = self.limiter.hit(f"register:{address}")
+                limit, what = settings.LLMGW_REGISTER_PER_MINUTE, "registrations from this address"
+            else:
+                hits, remaining = self.limiter.hit(f"heartbeat:{bearer_digest(request)}")
+                limit, what = settings.LLMGW_HEARTBEAT_PER_MINUTE, "heartbeats with this token"
+        except redis.RedisError as exc:
+            log.warning("agent API limits not applied, Redis unavailable: %s", exc)
+            return None
+        if hits > limit:
+            return refusal(429, "rate", f"more than {limit} {what} per minute", remaining)
+        return None
+
+    def count_failure(self, request: HttpRequest) -> None:
+        with contextlib.suppress(redis.RedisError):
+            self.limiter.hit(f"fail:{client_address(request)}")
