@@ -4,10 +4,12 @@ and Prometheus finds its engines through the control plane."""
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import urllib.request
 
 import pytest
+import requests
 
 from scripts.stack import Stack
 from tests.services import free_port, wait_until
@@ -43,6 +45,7 @@ def test_the_demo_deployment_runs_and_prometheus_scrapes_its_engines(tmp_path, r
 
     try:
         stack.manage("migrate", "--noinput", "-v0")
+        stack.manage("ensure_admin", "--password", "demo-pass-e2e", capture=True)
         stack.start(stack.web_part())
         stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
@@ -66,6 +69,26 @@ def test_the_demo_deployment_runs_and_prometheus_scrapes_its_engines(tmp_path, r
 
         # The agent measures each engine's process group; /metrics labels it with its replica and model.
         wait_until(shard_figures_exported, 60, "both demo shards' memory in /metrics")
+
+        # The node page lists both engines with the cores and memory the agent measured.
+        with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as db:
+            (node_id,) = {row[0] for row in db.execute("SELECT node_id FROM inventory_shard")}
+        browser = requests.Session()
+        browser.get(f"{base}/admin/login/", timeout=5)
+        browser.post(
+            f"{base}/admin/login/",
+            data={"username": "admin", "password": "demo-pass-e2e", "next": "/"},
+            headers={"X-CSRFToken": browser.cookies["csrftoken"], "Referer": f"{base}/admin/login/"},
+            timeout=5,
+        )
+        page = browser.get(f"{base}/nodes/{node_id}/", timeout=5)
+        assert page.status_code == 200
+        rows = re.findall(r"<tr[^>]*>\s*<td><code>(demo-r\d+-s0)</code></td>(.*?)</tr>", page.text, re.S)
+        assert len(rows) == 2, page.text
+        for _, cells in rows:
+            numbers = re.findall(r'<td class="numeric">([^<]*)</td>', cells)
+            cores, resident = numbers[0], numbers[1]
+            assert cores != "—" and resident != "—", cells
 
         def engines_up() -> bool:
             active = get_json(f"http://127.0.0.1:{stack.prometheus_port}/api/v1/targets")["data"]["activeTargets"]
