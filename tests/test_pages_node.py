@@ -12,11 +12,13 @@ from django.test import Client
 
 from agent import protocol
 from agent.protocol import Load, ShardLoad
-from inventory.models import AdminState, Allocation, GPUClaim, Node, NodeEvent
+from inventory.models import REPLICA_COLOURS, AdminState, Allocation, GPUClaim, Node, NodeEvent, ReplicaState, Shard
+from inventory.reconcile import reconcile
 from inventory.registration import upsert_inventory
 from nodes import loadstore
 from tests.conftest import make_inventory
 from tests.pages_fleet import make_fleet
+from tests.placement_fleet import deployment
 from tests.services import free_port
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -261,8 +263,9 @@ def test_query_count_does_not_grow_with_the_fleet(viewer, client, redis_client, 
         Node.objects.all().delete()
         make_fleet(size, prefix=prefix)
         # Session, user, the node, seven prefetches (GPUs, filesystems, fabrics, weights, installs,
-        # allocations and their GPU claims), events; the whole page also asks for the user's permissions.
-        with django_assert_num_queries(11 if partial else 13) as captured:
+        # allocations and their GPU claims), shard states, events; the whole page also asks for the
+        # user's permissions.
+        with django_assert_num_queries(12 if partial else 14) as captured:
             assert client.get(f"/nodes/{prefix}00003/", **extra).status_code == 200
         counts.append(len(captured))
     assert counts[0] == counts[1]
@@ -275,3 +278,17 @@ def test_no_inline_script_so_a_strict_policy_holds(viewer_client, cluster, setti
         for tag in re.findall(r"<script[^>]*>", html):
             assert "src=" in tag or 'type="application/json"' in tag, tag
         assert " style=" not in html
+
+
+def test_engines_show_the_state_placement_gave_their_shard(viewer_client, cluster, redis_client):
+    deployment(name="llama", gpus_per_shard=2)
+    reconcile()
+    shard = Shard.objects.get()
+    assert shard.node_id == "ready-1"
+    html = viewer_client.get("/nodes/ready-1/", **HTMX).content.decode()
+    row = re.search(rf"<tr>\s*<td><code>{shard.shard_id}</code>.*?</tr>", html, re.S).group(0)
+    colour = REPLICA_COLOURS[ReplicaState(shard.state)]
+    assert f'<span class="llmgw-badge llmgw-{colour}">{ReplicaState(shard.state).label}</span>' in row
+    Shard.objects.filter(pk=shard.pk).update(state=ReplicaState.RUNNING)
+    html = viewer_client.get("/nodes/ready-1/", **HTMX).content.decode()
+    assert '<span class="llmgw-badge llmgw-green">running</span>' in html

@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET
 from django_htmx.http import HttpResponseStopPolling
 
 from agent.protocol import Load
-from inventory.models import Allocation, Node
+from inventory.models import REPLICA_COLOURS, Allocation, Node, ReplicaState, Shard
 from inventory.operator import ACTIONS
 from nodes import promquery
 from nodes.views.access import login_required
@@ -29,8 +29,8 @@ EVENTS_SHOWN = 20
 class EngineRow:
     """One shard on the node: what placement gave it, and what it uses now.
 
-    A field per column, so a column (the shard's state, once deployments record
-    it) is one field here and one cell in the template.
+    A field per column, so a new column is one field here and one cell in the
+    template.
     """
 
     shard: str
@@ -40,12 +40,18 @@ class EngineRow:
     memory_claimed_gb: int | None = None
     cpu_cores: float | None = None
     rss_bytes: int | None = None
+    # The shard's state as placement records it; None for a shard it does not know.
+    state: ReplicaState | None = None
     # A shard the agent measures that no allocation on this node accounts for.
     unplaced: bool = False
 
+    @property
+    def state_colour(self) -> str:
+        return REPLICA_COLOURS[self.state] if self.state else ""
 
-def engine_rows(allocations: list[Allocation], load: Load | None) -> list[EngineRow]:
-    """Allocations joined with the per-shard figures of the node's fresh load."""
+
+def engine_rows(allocations: list[Allocation], load: Load | None, states: dict[str, str]) -> list[EngineRow]:
+    """Allocations joined with the per-shard figures of the node's fresh load and the shards' states."""
     measured = {shard.shard: shard for shard in load.shards} if load else {}
     rows = []
     for allocation in allocations:
@@ -59,6 +65,7 @@ def engine_rows(allocations: list[Allocation], load: Load | None) -> list[Engine
                 memory_claimed_gb=allocation.memory_gb,
                 cpu_cores=shard.cpu_cores if shard else None,
                 rss_bytes=shard.rss_bytes if shard else None,
+                state=ReplicaState(states[allocation.shard_id]) if allocation.shard_id in states else None,
             )
         )
     for name, shard in sorted(measured.items()):
@@ -95,7 +102,9 @@ def live_context(node: Node, now: float) -> dict:
         "node": node,
         "reading": reading,
         "load_problem": load_problem,
-        "engines": engine_rows(allocations, reading.load),
+        "engines": engine_rows(
+            allocations, reading.load, dict(Shard.objects.filter(node=node).values_list("shard_id", "state"))
+        ),
         "gpus": [(gpu, holders.get(gpu.index)) for gpu in node.gpus.all()],
         "local_filesystems": [fs for fs in filesystems if not fs.shared],
         "shared_filesystems": [fs for fs in filesystems if fs.shared],
