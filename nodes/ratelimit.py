@@ -38,6 +38,10 @@ from agent import protocol
 
 log = logging.getLogger(__name__)
 
+# While Redis is down every agent request would log the same warning: say it once per this many seconds.
+WARN_EVERY_SECONDS = 30.0
+_last_warning = 0.0
+
 REGISTER = "/api/v1/register"
 HEARTBEAT = "/api/v1/heartbeat"
 WINDOW = 60
@@ -154,7 +158,7 @@ class AgentAPILimitMiddleware:
                 hits, remaining = self.limiter.hit(f"heartbeat:{bearer_digest(request)}")
                 limit, what = settings.LLMGW_HEARTBEAT_PER_MINUTE, "heartbeats with this token"
         except redis.RedisError as exc:
-            log.warning("agent API limits not applied, Redis unavailable: %s", exc)
+            _warn_unlimited(exc)
             return None
         if hits > limit:
             return refusal(429, "rate", f"more than {limit} {what} per minute", remaining)
@@ -163,3 +167,11 @@ class AgentAPILimitMiddleware:
     def count_failure(self, request: HttpRequest) -> None:
         with contextlib.suppress(redis.RedisError):
             self.limiter.hit(f"fail:{client_address(request)}")
+
+
+def _warn_unlimited(exc: Exception) -> None:
+    global _last_warning
+    now = time.monotonic()
+    if now - _last_warning >= WARN_EVERY_SECONDS:
+        _last_warning = now
+        log.warning("agent API limits not applied while Redis is unavailable: %s", exc)

@@ -121,3 +121,11 @@ def write(result: dict, out: Path, bench_results: Path | None) -> list[Path]:
         bench_results.write_text(json.dumps(figures(result), indent=1) + "\n")
         paths.append(bench_results)
     return paths
+
+
+if __name__ == "__main__":
+    # Render the Markdown again from a report's JSON: python -m bench.soaklib.report docs/soak/latest.json
+    import sys
+
+    source = Path(sys.argv[1])
+    source.with_suffix(".md").write_text(markdown(json.loads(source.read_text())))
