@@ -1,6 +1,6 @@
 """Heartbeats per second against the real server, beside an empty Django view on the same server.
 
-Starts the stack as `make run` does (gunicorn with 3 workers, Celery worker and
+Starts the stack as `make run` does (gunicorn with 2 × cores + 1 workers, Celery worker and
 beat, its own redis-server) on PostgreSQL, registers a simulated fleet through
 the API, then drives `wrk` (C, two threads, a Lua script rotating through every
 node's token and a realistic body built from the protocol types) at
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from agent import protocol  # noqa: E402
-from scripts.stack import Stack  # noqa: E402
+from scripts.stack import Stack, default_workers  # noqa: E402
 from tests.services import free_port  # noqa: E402
 
 DATABASE = "llmgw_bench_heartbeat"
@@ -237,7 +237,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=int, default=60, help="per target, split over the rounds")
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--connections", type=int, default=32)
-    parser.add_argument("--workers", type=int, default=3, help="gunicorn workers (make run starts 3)")
+    parser.add_argument(
+        "--workers", type=int, default=default_workers(), help="gunicorn workers (make run starts 2 × cores + 1)"
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         print("wrk is not installed: apt-get install wrk", file=sys.stderr)

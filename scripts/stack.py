@@ -46,7 +46,7 @@ class Stack:
         env: dict[str, str] | None = None,
         web_port: int = 8000,
         prometheus_port: int = 9090,
-        workers: int = 3,
+        workers: int | None = None,
     ):
         self.var = var_dir
         self.logs = var_dir / "log"
@@ -57,7 +57,7 @@ class Stack:
         self.web_port = web_port
         self.prometheus_port = prometheus_port
         self.env.setdefault("PROMETHEUS_URL", f"http://127.0.0.1:{prometheus_port}")
-        self.workers = workers
+        self.workers = workers or default_workers()
         if not self.env.get("LLMGW_JOIN_TOKEN") and not self.env.get("LLMGW_JOIN_TOKEN_FILE"):
             token_file = var_dir / "join-token"
             if not token_file.exists():
@@ -225,6 +225,11 @@ class Stack:
         self.start(self.celery_part())
         self.start(self.prometheus_part())
         self.start(self.agent_part())
+
+
+def default_workers() -> int:
+    """Gunicorn's rule of thumb, 2 × cores + 1: a sync worker waiting on Redis or the database leaves its core idle."""
+    return 2 * (os.cpu_count() or 1) + 1
 
 
 def redis_answers(url: str) -> bool:
