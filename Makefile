@@ -43,3 +43,8 @@ format: $(BIN)/.installed
 
 clean:
 	rm -rf var .pytest_cache
+
+# Photographs the pages of a demo stack it starts on free ports (or of a running
+# stack: make screenshots ARGS="--url http://127.0.0.1:8000").
+screenshots: $(BIN)/.installed sysdeps-test
+	$(BIN)/python scripts/screenshots.py $(ARGS)

@@ -12,38 +12,35 @@ import logging
 import redis
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, Q
+from django.db.models import Count, Prefetch, Q
 from django.template.response import TemplateResponse
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
 from inventory.models import (
     GPU,
+    LIVE_STATES,
+    REPLICA_COLOURS,
     STATE_COLOURS,
-    AdminState,
     Allocation,
+    Deployment,
     EngineInstall,
     FabricAttachment,
     Filesystem,
-    Liveness,
     Node,
     NodeEvent,
     NodeState,
+    Replica,
+    ReplicaState,
+    Shard,
     Weights,
 )
 from inventory.operator import ACTIONS, set_admin_state
+from inventory.queries import STATE_FILTERS, gpu_class_filter, label_filter
 from nodes import loadstore
 
 log = logging.getLogger(__name__)
-
-# The displayed state as a database filter, mirroring derive_state.
-STATE_FILTERS = {
-    NodeState.LOST: Q(liveness=Liveness.LOST),
-    NodeState.UNREACHABLE: Q(liveness=Liveness.UNREACHABLE),
-    NodeState.DRAINING: Q(liveness=Liveness.ALIVE, admin_state=AdminState.DRAINING),
-    NodeState.CORDONED: Q(liveness=Liveness.ALIVE, admin_state=AdminState.CORDONED),
-    NodeState.READY: Q(liveness=Liveness.ALIVE, admin_state=AdminState.ACTIVE),
-}
 
 
 def state_badge(state: NodeState):
@@ -77,9 +74,7 @@ class LabelFilter(admin.SimpleListFilter):
         if not self.value() or "=" not in self.value():
             return queryset
         label_key, value = self.value().split("=", 1)
-        from_operator = Q(**{f"operator_labels__{label_key}": value})
-        from_agent = Q(**{f"labels__{label_key}": value}) & ~Q(operator_labels__has_key=label_key)
-        return queryset.filter(from_operator | from_agent)
+        return queryset.filter(label_filter(label_key, value))
 
 
 class GPUClassFilter(admin.SimpleListFilter):
@@ -92,7 +87,7 @@ class GPUClassFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         if self.value():
-            return queryset.filter(gpus__gpu_class=self.value()).distinct()
+            return queryset.filter(gpu_class_filter(self.value()))
         return queryset
 
 
@@ -374,6 +369,122 @@ class AllocationAdmin(admin.ModelAdmin):
         return ", ".join(str(i) for i in allocation.gpu_indices) or "—"
 
     def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+def replica_badge(state: str):
+    return format_html('<span class="llmgw-badge llmgw-{}">{}</span>', REPLICA_COLOURS[state], state)
+
+
+class ReplicaInline(ReadOnlyInline):
+    model = Replica
+    fk_name = "deployment"
+    fields = ("replica_link", "state_display", "reason", "shards_display", "changed_at")
+    readonly_fields = fields
+    verbose_name_plural = "replicas (why each is where it is)"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).prefetch_related("shards").order_by("ordinal")
+
+    @admin.display(description="replica")
+    def replica_link(self, replica):
+        url = reverse("admin:inventory_replica_change", args=[replica.pk])
+        return format_html('<a href="{}">{}</a>', url, replica.replica_id)
+
+    @admin.display(description="state")
+    def state_display(self, replica):
+        return replica_badge(replica.state)
+
+    @admin.display(description="shards")
+    def shards_display(self, replica):
+        return shard_summary(replica.shards.all())
+
+
+def shard_summary(shards) -> str:
+    """Each shard as node:GPUs, or a dash while the replica waits for a place."""
+    parts = []
+    for shard in shards:
+        gpus = ",".join(str(i) for i in shard.gpu_indices)
+        parts.append(f"{shard.node_id}" + (f" GPUs {gpus}" if gpus else "") + f" ({shard.state})")
+    return "; ".join(parts) or "—"
+
+
+@admin.register(Deployment)
+class DeploymentAdmin(admin.ModelAdmin):
+    list_display = ("name", "engine", "model_source", "replicas", "running_display", "cannot_place")
+    list_filter = ("engine",)
+    search_fields = ("name", "model_source")
+    inlines = (ReplicaInline,)
+    fieldsets = (
+        (None, {"fields": ("name", "model_source", "engine", "arguments", "replicas")}),
+        (
+            "Profile: what one shard needs",
+            {
+                "fields": (
+                    "shards_per_replica",
+                    "gpus_per_shard",
+                    "gpu_class",
+                    "memory_gb_per_shard",
+                    "cpu_cores_per_shard",
+                )
+            },
+        ),
+    )
+
+    def get_readonly_fields(self, request, obj=None):
+        # Replica and shard ids are built from the name, and agents know them.
+        return ("name",) if obj is not None else ()
+
+    def get_queryset(self, request):
+        pending = Replica.objects.filter(state=ReplicaState.PENDING).order_by("ordinal")
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                live=Count("replica_set", filter=Q(replica_set__state__in=LIVE_STATES), distinct=True),
+                running=Count("replica_set", filter=Q(replica_set__state=ReplicaState.RUNNING), distinct=True),
+            )
+            .prefetch_related(Prefetch("replica_set", queryset=pending, to_attr="pending"))
+        )
+
+    @admin.display(description="running")
+    def running_display(self, deployment):
+        return f"{deployment.running} of {deployment.replicas}"
+
+    @admin.display(description="cannot place")
+    def cannot_place(self, deployment):
+        reasons = sorted({r.reason.removeprefix("cannot place: ") for r in deployment.pending if r.reason})
+        if not reasons:
+            return "—"
+        count = len(deployment.pending)
+        return format_html('<span class="llmgw-cannot-place">{} waiting: {}</span>', count, "; ".join(reasons))
+
+
+class ShardInline(ReadOnlyInline):
+    model = Shard
+    fields = ("shard_id", "node", "state", "reason", "gpu_indices", "hcas", "port", "metrics_port", "changed_at")
+    readonly_fields = fields
+
+
+@admin.register(Replica)
+class ReplicaAdmin(admin.ModelAdmin):
+    list_display = ("replica_id", "deployment", "state_display", "reason", "changed_at")
+    list_filter = ("state", "deployment")
+    search_fields = ("replica_id", "shards__node__id")
+    list_select_related = ("deployment",)
+    inlines = (ShardInline,)
+    readonly_fields = ("deployment", "replica_id", "ordinal", "state", "reason", "fabric", "replaces", "changed_at")
+    fields = readonly_fields
+
+    @admin.display(description="state")
+    def state_display(self, replica):
+        return replica_badge(replica.state)
+
+    def has_add_permission(self, request):
+        # The reconciler makes replicas; operators change the number wanted.
         return False
 
     def has_change_permission(self, request, obj=None):

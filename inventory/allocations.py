@@ -10,12 +10,18 @@ from inventory.models import Allocation, FabricAttachment, GPUClaim, Node
 
 
 def allocate(
-    node: Node, shard_id: str, replica_id: str, gpu_indices: Iterable[int], memory_gb: int = 0, model: str = ""
+    node: Node,
+    shard_id: str,
+    replica_id: str,
+    gpu_indices: Iterable[int],
+    memory_gb: int = 0,
+    model: str = "",
+    cpu_cores: int = 0,
 ) -> Allocation:
     """Record a shard on a node. The database refuses a GPU already claimed there."""
     with transaction.atomic():
         allocation = Allocation.objects.create(
-            node=node, shard_id=shard_id, replica_id=replica_id, memory_gb=memory_gb, model=model
+            node=node, shard_id=shard_id, replica_id=replica_id, memory_gb=memory_gb, model=model, cpu_cores=cpu_cores
         )
         GPUClaim.objects.bulk_create(
             GPUClaim(allocation=allocation, node=node, gpu_index=index) for index in sorted(set(gpu_indices))

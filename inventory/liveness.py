@@ -24,8 +24,8 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
-from inventory.allocations import release_replica
-from inventory.models import Allocation, Liveness, Node, NodeEvent
+from inventory.models import RUN_STATES, Allocation, Liveness, Node, NodeEvent, ReplicaState, Shard
+from inventory.replicas import fail_replicas
 from nodes import loadstore
 
 log = logging.getLogger(__name__)
@@ -175,15 +175,21 @@ def _sweep(now: datetime, result: SweepResult) -> None:
             with transaction.atomic():
                 if change_liveness(node_id, Liveness.UNREACHABLE, Liveness.LOST, reason, now):
                     result.lost.append(node_id)
-                    result.released_replicas += release_replicas_on(node_id)
+                    result.released_replicas += release_replicas_on(node_id, now)
         except Exception:
             log.exception("marking node %s lost failed", node_id)
             result.failed.append(node_id)
 
 
-def release_replicas_on(node_id: str) -> list[str]:
-    """Release, whole, every replica that has a shard on the node."""
-    replica_ids = sorted(set(Allocation.objects.filter(node_id=node_id).values_list("replica_id", flat=True)))
-    for replica_id in replica_ids:
-        release_replica(replica_id)
+def release_replicas_on(node_id: str, now: datetime | None = None) -> list[str]:
+    """Release, whole, every replica that has a shard on the node, and mark it failed.
+
+    The reconciler then builds a new replica elsewhere to take its place.
+    """
+    holding = Allocation.objects.filter(node_id=node_id).values_list("replica_id", flat=True)
+    running = Shard.objects.filter(node_id=node_id, state__in=(*RUN_STATES, ReplicaState.RELEASING)).values_list(
+        "replica__replica_id", flat=True
+    )
+    replica_ids = sorted(set(holding) | set(running))
+    fail_replicas(replica_ids, f"node {node_id} lost", now)
     return replica_ids

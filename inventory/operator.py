@@ -57,3 +57,28 @@ def set_admin_state(node: Node, new_state: AdminState, user, reason: str) -> boo
         )
     node.refresh_from_db(fields=["admin_state", "admin_state_by", "admin_state_at", "admin_state_reason"])
     return True
+
+
+def finish_drain(node_id: str, now=None) -> bool:
+    """A draining node with nothing left on it becomes cordoned, recorded as done by the system.
+
+    Compare-and-set: only a node still draining changes, so an operator who
+    uncordoned it meanwhile wins, and a second pass records nothing twice.
+    """
+    now = now or timezone.now()
+    reason = "drain finished: nothing left on the node"
+    with transaction.atomic():
+        changed = Node.objects.filter(pk=node_id, admin_state=AdminState.DRAINING).update(
+            admin_state=AdminState.CORDONED, admin_state_by="system", admin_state_at=now, admin_state_reason=reason
+        )
+        if changed:
+            NodeEvent.objects.create(
+                node_id=node_id,
+                at=now,
+                kind=NodeEvent.Kind.ADMIN,
+                from_state=AdminState.DRAINING,
+                to_state=AdminState.CORDONED,
+                reason=reason,
+                actor="system",
+            )
+    return bool(changed)

@@ -1,9 +1,19 @@
-"""Celery tasks of the inventory: the stale-marking sweep."""
+"""Celery tasks of the inventory: the stale-marking sweep and the reconciler."""
 
+import logging
+
+import redis
 from celery import shared_task
 
 from inventory.liveness import mark_stale as sweep
-from nodes import selfmetrics
+from inventory.reconcile import reconcile as reconcile_pass
+from nodes import loadstore, selfmetrics
+
+log = logging.getLogger(__name__)
+
+# A pass normally takes well under a second; the lock expires on its own if
+# a worker dies holding it, so the next beat is never blocked for long.
+RECONCILE_LOCK_SECONDS = 60
 
 
 @shared_task(name="inventory.tasks.mark_stale")
@@ -16,3 +26,22 @@ def mark_stale() -> dict:
     result = sweep()
     selfmetrics.record(selfmetrics.sweep_fields(len(result.unreachable), len(result.lost), len(result.failed)))
     return {"flushed": result.flushed, "unreachable": result.unreachable, "lost": result.lost, "failed": result.failed}
+
+
+@shared_task(name="inventory.tasks.reconcile")
+def reconcile() -> dict:
+    """Run by beat every few seconds. Passes never overlap: one that finds the lock taken skips.
+
+    Overlapping passes would be safe (the database refuses double placements)
+    but wasteful, since the second would mostly fail and retry.
+    """
+    lock = loadstore.client().lock("llmgw:reconcile", timeout=RECONCILE_LOCK_SECONDS, blocking=False)
+    if not lock.acquire():
+        return {"skipped": "another pass is running"}
+    try:
+        return reconcile_pass().summary()
+    finally:
+        try:
+            lock.release()
+        except redis.exceptions.LockError:
+            log.warning("reconcile lock expired before the pass ended")

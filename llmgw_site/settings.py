@@ -148,6 +148,7 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "mark-stale": {"task": "inventory.tasks.mark_stale", "schedule": LLMGW_BEAT_PERIOD},
+    "reconcile": {"task": "inventory.tasks.reconcile", "schedule": LLMGW_BEAT_PERIOD},
 }
 
 # Security. Behind TLS in production (docs/operations.md); off in development

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from agent import protocol
+from inventory import desired
 from inventory.models import AdminState, Liveness, Node
 from inventory.registration import upsert_inventory
 from nodes import loadstore
@@ -36,6 +37,12 @@ def _redis_everywhere(redis_server):
     settings.CELERY_BROKER_URL = url
     loadstore.reset_client()
     yield url
+
+
+@pytest.fixture(autouse=True)
+def _no_cached_shards():
+    """Each test's nodes are new: no shard list cached by an earlier test may answer for them."""
+    desired.forget()
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -38,7 +38,7 @@ def test_a_heartbeat_stores_its_load_in_redis_with_the_arrival_time(client, toke
     assert before <= stored.received_at <= time.time()
     assert reply.state == "ready"
     assert reply.inventory_wanted is False
-    assert reply.shards is None
+    assert reply.shards == [], "nothing placed on it"
 
 
 def test_the_reply_gives_the_configured_interval(client, token, settings):

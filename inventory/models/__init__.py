@@ -2,6 +2,16 @@
 
 from inventory.models.allocations import Allocation, GPUClaim
 from inventory.models.choices import STATE_COLOURS, AdminState, Liveness, NodeState, derive_state
+from inventory.models.deployments import (
+    LIVE_STATES,
+    REPLICA_COLOURS,
+    RUN_STATES,
+    Deployment,
+    Engine,
+    Replica,
+    ReplicaState,
+    Shard,
+)
 from inventory.models.fabrics import FabricAttachment
 from inventory.models.gpus import GPU, gpu_class
 from inventory.models.nodes import EngineInstall, Node, NodeEvent, actor_name
@@ -9,9 +19,14 @@ from inventory.models.storage import Filesystem, Weights
 
 __all__ = [
     "GPU",
+    "LIVE_STATES",
+    "REPLICA_COLOURS",
+    "RUN_STATES",
     "STATE_COLOURS",
     "AdminState",
     "Allocation",
+    "Deployment",
+    "Engine",
     "EngineInstall",
     "FabricAttachment",
     "Filesystem",
@@ -20,6 +35,9 @@ __all__ = [
     "Node",
     "NodeEvent",
     "NodeState",
+    "Replica",
+    "ReplicaState",
+    "Shard",
     "Weights",
     "actor_name",
     "derive_state",

@@ -20,6 +20,8 @@ class Allocation(models.Model):
     # a shard's figures without joining through deployments.
     model = models.CharField(max_length=1024, blank=True)
     memory_gb = models.PositiveIntegerField(default=0)
+    # Cores claimed the same way as memory; zero constrains nothing.
+    cpu_cores = models.PositiveIntegerField(default=0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

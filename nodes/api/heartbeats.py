@@ -1,9 +1,10 @@
 """A heartbeat: which node sent it, and everything it changes.
 
-The ordinary heartbeat of a live node with an unchanged inventory costs two
+The ordinary heartbeat of a live node with an unchanged inventory costs three
 Redis round trips and no database access: one to read the node's card (see
 `cards`), one pipeline that notes the heartbeat time, stores the load and
-counts the heartbeat. The database is written only when something changed:
+counts the heartbeat, and one to check that the node's cached shard list is
+current (`inventory.desired`). The database is written only when something changed:
 a new inventory, or a node coming back to life. While Redis is down the same
 heartbeat is answered from the database, its time written there directly and
 its load dropped.
@@ -21,7 +22,7 @@ import redis
 from django.conf import settings
 
 from agent import protocol
-from inventory import liveness
+from inventory import desired, liveness
 from inventory.models import Liveness, Node, derive_state
 from inventory.registration import upsert_inventory
 from nodes import loadstore, selfmetrics
@@ -108,21 +109,19 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
             _warn_redis_down(exc)
     if not written:
         liveness.touch(Node(pk=card.node_id, liveness=card.liveness), at)
-    return heartbeat_reply(card, beat)
+    return heartbeat_reply(card, beat, caller.redis_up)
 
 
-def heartbeat_reply(card: NodeCard, beat: protocol.Heartbeat) -> protocol.HeartbeatReply:
-    """What the node is told: its displayed state, when to beat next, whether to send its inventory.
-
-    `shards` stays None (the agent leaves its shards alone) until placement
-    decides the shards each node should run.
-    """
+def heartbeat_reply(card: NodeCard, beat: protocol.Heartbeat, redis_up: bool = True) -> protocol.HeartbeatReply:
+    """What the node is told: its displayed state, when to beat next, whether to send its inventory,
+    and exactly the shards it should run (placement decides them; the agent's reports of its
+    shards move them through starting and running)."""
     return protocol.HeartbeatReply(
         state=derive_state(card.admin_state, card.liveness),
         heartbeat_interval=settings.LLMGW_HEARTBEAT_INTERVAL,
         # An empty hash claims nothing; a different one means the node has changed.
         inventory_wanted=beat.inventory is None and beat.inventory_hash not in ("", card.inventory_hash),
-        shards=None,
+        shards=desired.sync_node(card.node_id, beat.shards, use_cache=redis_up),
     )
 
 

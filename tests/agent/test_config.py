@@ -193,6 +193,7 @@ def test_a_bad_config_exits_2_with_one_line_and_no_traceback(tmp_path):
     assert done.stdout == ""
 
 
+@pytest.mark.django_db  # setup_demo also creates the demo deployment
 def test_the_config_setup_demo_writes_for_make_run_loads(tmp_path):
     from django.core.management import call_command
 

@@ -1,0 +1,162 @@
+"""Server time of the operator pages at 1,000 and 10,000 nodes.
+
+Runs alone: `python bench/pages.py`. It makes a SQLite database in a temporary
+directory (or uses DATABASE_URL: its figures then go to pages-<vendor>.json),
+starts a private redis-server, fills a fleet in bulk (each node with 8 GPUs,
+two filesystems, an allocation and a fresh load), and times the cluster page, its htmx table partial and the node page
+through Django's full request handling (middleware, session, templates) in this
+process: the time a gunicorn worker would spend, without the network.
+
+The fleet's CPU, RAM and GPU totals are shared through Redis for 5 s, so most
+requests read them and one request in each 5 s recomputes them; both cases are
+measured (`totals_recomputed` is the second).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tests.services import RedisServer  # noqa: E402
+
+ROUNDS = 15
+WARMUP = 3
+
+
+def median_ms(client, url: str, before=None, **extra) -> tuple[float, float]:
+    """Median wall time and median CPU time of this process, in ms.
+
+    On a machine shared with other work the wall time also counts the time
+    this process waited for a core; the CPU time does not (SQLite runs in this
+    process, so it is counted; Redis's own work is not, and is small).
+    """
+    for _ in range(WARMUP):
+        client.get(url, secure=True, **extra)
+    wall, cpu = [], []
+    for _ in range(ROUNDS):
+        if before is not None:
+            before()
+        started, started_cpu = time.perf_counter(), time.process_time()
+        response = client.get(url, secure=True, **extra)
+        wall.append((time.perf_counter() - started) * 1000)
+        cpu.append((time.process_time() - started_cpu) * 1000)
+        assert response.status_code == 200, (url, response.status_code)
+    return statistics.median(wall), statistics.median(cpu)
+
+
+def main() -> int:
+    workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-pages-"))
+    redis_server = RedisServer(workdir / "redis").start()
+    os.environ.update(
+        {
+            "LLMGW_VAR_DIR": str(workdir),
+            "REDIS_URL": redis_server.url,
+            "DEBUG": "false",
+            "SECRET_KEY": "bench-only-not-a-secret",
+            "ALLOWED_HOSTS": "testserver",
+            "DJANGO_SETTINGS_MODULE": "llmgw_site.settings",
+        }
+    )
+    os.environ.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
+    try:
+        return run()
+    finally:
+        redis_server.stop()
+
+
+def run() -> int:
+    import django
+
+    django.setup()
+    from django.contrib.auth.models import User
+    from django.core.management import call_command
+    from django.test import Client
+
+    from inventory.models import Node
+    from nodes import loadstore
+    from nodes.views.summary import TOTALS_KEY
+    from tests.pages_fleet import make_fleet
+
+    def expire_totals() -> None:
+        loadstore.client().delete(TOTALS_KEY)
+
+    call_command("migrate", verbosity=0)
+    Node.objects.all().delete()
+    user = User.objects.create_user("bench-viewer", password="x")
+    client = Client()
+    client.force_login(user)
+    htmx = {"HTTP_HX_REQUEST": "true"}
+
+    results = []
+
+    def record(name: str, values: tuple[float, float], target: float | None) -> None:
+        wall, cpu = values
+        results.append({"name": name, "value": round(wall, 1), "unit": "ms", "target": target, "better": "lower"})
+        results.append(
+            {"name": f"{name}_cpu", "value": round(cpu, 1), "unit": "ms", "target": target, "better": "lower"}
+        )
+
+    made = 0
+    for size in (1_000, 10_000):
+        make_fleet(size - made, prefix=f"s{size}-")
+        made = size
+        analyze()
+        label = f"{size:,}".replace(",", "_")
+        record(f"cluster_page_{label}_nodes", median_ms(client, "/"), 150 if size == 10_000 else None)
+        record(f"cluster_partial_{label}_nodes", median_ms(client, "/", **htmx), 50 if size == 10_000 else None)
+        # The first request after the shared fleet totals expire (once per 5 s) recomputes them.
+        record(f"cluster_page_totals_recomputed_{label}_nodes", median_ms(client, "/", before=expire_totals), None)
+        record(
+            f"cluster_partial_totals_recomputed_{label}_nodes",
+            median_ms(client, "/", before=expire_totals, **htmx),
+            None,
+        )
+        record(f"cluster_partial_sorted_by_cpu_{label}_nodes", median_ms(client, "/?sort=-cpu", **htmx), None)
+        record(f"cluster_partial_filtered_{label}_nodes", median_ms(client, "/?state=ready&label=zone=a", **htmx), None)
+    node = Node.objects.order_by("id").values_list("id", flat=True).first()
+    record("node_page_10_000_nodes", median_ms(client, f"/nodes/{node}/"), None)
+    record("node_live_partial_10_000_nodes", median_ms(client, f"/nodes/{node}/", **htmx), None)
+
+    print(f"pages: server time, median of {ROUNDS} requests after {WARMUP} warm-up, database {engine()}")
+    print()
+    print("| figure | wall (median) | CPU (median) | target |")
+    print("| --- | ---: | ---: | ---: |")
+    for wall, cpu in zip(results[::2], results[1::2], strict=True):
+        target = f"< {wall['target']} ms" if wall["target"] is not None else "—"
+        print(f"| {wall['name']} | {wall['value']} ms | {cpu['value']} ms | {target} |")
+    # Another database's figures go beside the default's, not over them.
+    suffix = "" if engine() == "sqlite" else f"-{engine()}"
+    out = ROOT / "bench" / "results" / f"pages{suffix}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2) + "\n")
+    missed = [r["name"] for r in results if r["target"] is not None and r["value"] >= r["target"]]
+    if missed:
+        print(f"\nmissed targets: {', '.join(missed)}")
+    return 0
+
+
+def analyze() -> None:
+    """Fresh statistics, as autovacuum would have them on a fleet that grew over days."""
+    from django.db import connection
+
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE")
+
+
+def engine() -> str:
+    from django.db import connection
+
+    return connection.vendor
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,211 @@
+"""Deployments: models the operator wants served, as replicas made of shards.
+
+A deployment's profile says what one shard needs; placement finds nodes for
+all the shards of a replica at once. Replica and shard rows keep a state and
+the reason for its last change, so the admin can say why something is not
+running.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
+from django.db import models
+from django.db.models.signals import post_save, pre_delete
+from django.dispatch import receiver
+from django.utils import timezone
+
+from inventory import shardversion
+from inventory.models.allocations import Allocation
+from inventory.models.nodes import Node
+
+# Replica and shard ids are built from the name and travel in heartbeats as
+# node-id-like strings, so the name keeps to the same alphabet.
+NAME_VALIDATOR = RegexValidator(
+    r"^[a-z0-9][a-z0-9._-]*$", "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
+)
+
+
+class Engine(models.TextChoices):
+    VLLM = "vllm", "vLLM"
+    LLAMA_CPP = "llama.cpp", "llama.cpp (llama-server)"
+    SGLANG = "sglang", "SGLang"
+    DEMO = "demo", "demo (stand-in engine, no model needed)"
+    COMMAND = "command", "command (arguments are the whole command line)"
+
+
+class ReplicaState(models.TextChoices):
+    """Where a replica or a shard stands. A replica lives and fails whole."""
+
+    PENDING = "pending", "pending"
+    PLACED = "placed", "placed"
+    STARTING = "starting", "starting"
+    RUNNING = "running", "running"
+    FAILED = "failed", "failed"
+    RELEASING = "releasing", "releasing"
+
+
+# States in which a replica holds, or is waiting for, a place in the fleet.
+LIVE_STATES = (ReplicaState.PENDING, ReplicaState.PLACED, ReplicaState.STARTING, ReplicaState.RUNNING)
+# States in which a shard is on a node and its agent should run it.
+RUN_STATES = (ReplicaState.PLACED, ReplicaState.STARTING, ReplicaState.RUNNING)
+
+REPLICA_COLOURS = {
+    ReplicaState.PENDING: "amber",
+    ReplicaState.PLACED: "blue",
+    ReplicaState.STARTING: "blue",
+    ReplicaState.RUNNING: "green",
+    ReplicaState.FAILED: "red",
+    ReplicaState.RELEASING: "orange",
+}
+
+
+class Deployment(models.Model):
+    """A model to serve: where its weights are, which engine, how many replicas, and the profile."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
+    model_source = models.CharField(
+        max_length=1024,
+        help_text="A path on the nodes (starting with /), or an id the engine resolves itself.",
+    )
+    engine = models.CharField(max_length=16, choices=Engine.choices, default=Engine.VLLM)
+    arguments = models.TextField(
+        blank=True,
+        help_text="Extra engine arguments, split like a shell would. For 'command', the whole command line; "
+        "{port} and {model} are replaced.",
+    )
+    replicas = models.PositiveIntegerField("replicas wanted", default=1, validators=[MaxValueValidator(10_000)])
+
+    # The profile: what one shard needs.
+    shards_per_replica = models.PositiveSmallIntegerField(
+        default=1, validators=[MinValueValidator(1), MaxValueValidator(64)]
+    )
+    gpus_per_shard = models.PositiveSmallIntegerField(
+        default=1, validators=[MaxValueValidator(64)], help_text="0 for engines that run on CPUs."
+    )
+    gpu_class = models.CharField(
+        "GPU class", max_length=64, blank=True, help_text="For example H100-80GB; empty takes any class."
+    )
+    memory_gb_per_shard = models.PositiveIntegerField(
+        "host memory per shard (GB)", default=0, help_text="0 = undeclared: constrains nothing."
+    )
+    cpu_cores_per_shard = models.PositiveSmallIntegerField(
+        "CPU cores per shard", default=0, help_text="0 = undeclared: constrains nothing."
+    )
+
+    # Replica ordinals are never reused, so an agent can never confuse a
+    # rebuilt replica's shard with the dead one it replaces.
+    next_ordinal = models.PositiveIntegerField(default=1, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def save(self, *args, **kwargs):
+        # The ordinal counter belongs to the reconciler: an admin form or any
+        # other instance loaded earlier must not wind it back on save.
+        if self.pk and not self._state.adding and kwargs.get("update_fields") is None:
+            kwargs["update_fields"] = [
+                f.name for f in self._meta.concrete_fields if not f.primary_key and f.name != "next_ordinal"
+            ]
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        try:
+            words = self.argv()
+        except ValueError as exc:
+            raise ValidationError({"arguments": f"cannot split: {exc}"}) from None
+        if self.engine == Engine.COMMAND and not words:
+            raise ValidationError({"arguments": "the 'command' engine needs a command line"})
+        if self.gpus_per_shard == 0 and self.gpu_class:
+            raise ValidationError({"gpu_class": "a GPU class needs at least one GPU per shard"})
+
+    def argv(self) -> list[str]:
+        return shlex.split(self.arguments)
+
+    @property
+    def model_is_path(self) -> bool:
+        return self.model_source.startswith("/")
+
+    def profile_text(self) -> str:
+        """The profile in one line, as reasons and the admin show it."""
+        parts = [f"{self.shards_per_replica} shard{'s' if self.shards_per_replica != 1 else ''}"]
+        if self.gpus_per_shard:
+            parts.append(f"{self.gpus_per_shard} × {self.gpu_class or 'any GPU'} each")
+        if self.memory_gb_per_shard:
+            parts.append(f"{self.memory_gb_per_shard} GB memory")
+        if self.cpu_cores_per_shard:
+            parts.append(f"{self.cpu_cores_per_shard} cores")
+        return ", ".join(parts)
+
+
+class Replica(models.Model):
+    """One complete copy of a deployment's model: its shards run together or not at all."""
+
+    deployment = models.ForeignKey(Deployment, on_delete=models.CASCADE, related_name="replica_set")
+    replica_id = models.CharField(max_length=128, unique=True)
+    ordinal = models.PositiveIntegerField()
+    state = models.CharField(max_length=16, choices=ReplicaState.choices, default=ReplicaState.PENDING)
+    reason = models.TextField(blank=True)
+    changed_at = models.DateTimeField(default=timezone.now)
+    # The fabric joining a multi-node replica's nodes; empty on one node.
+    fabric = models.CharField(max_length=256, blank=True)
+    # Set on a replacement built to move this replica off a draining node.
+    replaces = models.ForeignKey("self", null=True, blank=True, on_delete=models.SET_NULL, related_name="replacements")
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        ordering = ["deployment", "ordinal"]
+        indexes = [models.Index(fields=["state"])]
+
+    def __str__(self) -> str:
+        return self.replica_id
+
+
+class Shard(models.Model):
+    """One engine process group of a replica, on one node once placed."""
+
+    replica = models.ForeignKey(Replica, on_delete=models.CASCADE, related_name="shards")
+    shard_id = models.CharField(max_length=128, unique=True)
+    index = models.PositiveSmallIntegerField()
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="shards")
+    state = models.CharField(max_length=16, choices=ReplicaState.choices, default=ReplicaState.PENDING)
+    reason = models.TextField(blank=True)
+    changed_at = models.DateTimeField(default=timezone.now)
+    gpu_indices = models.JSONField(default=list, blank=True)
+    # Only the adapters of the replica's fabric: a shard given another
+    # fabric's adapter may pick a peer it cannot reach, and hang.
+    hcas = models.JSONField(default=list, blank=True)
+    port = models.PositiveIntegerField(default=0)
+    # As the agent reports it; the engine's own /metrics for Prometheus.
+    metrics_port = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["replica", "index"]
+        constraints = [models.UniqueConstraint(fields=["replica", "index"], name="unique_shard_index")]
+        indexes = [models.Index(fields=["node", "state"])]
+
+    def __str__(self) -> str:
+        return self.shard_id
+
+
+@receiver(pre_delete, sender=Replica)
+def _free_deleted_replica(sender, instance: Replica, **kwargs) -> None:
+    """A replica deleted by hand, or with its deployment, frees its GPUs and memory at once.
+
+    Its agents stop its shards on their next beat. Scaling down instead lets
+    the engines stop before their GPUs are handed out again.
+    """
+    Allocation.objects.filter(replica_id=instance.replica_id).delete()
+    shardversion.bump(instance.shards.values_list("node_id", flat=True))
+
+
+@receiver(post_save, sender=Deployment)
+def _deployment_changed(sender, instance: Deployment, **kwargs) -> None:
+    """New arguments or engine change the commands agents are given, on any node."""
+    shardversion.bump()

@@ -1,0 +1,292 @@
+"""The reconciler: makes the replicas that exist match the replicas wanted.
+
+One pass, run by Celery beat every few seconds, in this order:
+
+1. finish releases whose engines have stopped (or whose node is gone);
+2. fail replicas with a shard on a lost or vanished node (the stale sweep
+   normally did it already);
+3. drains: a replica on a draining node gets a replacement; once the
+   replacement runs, the old one is released;
+4. scale: create pending replicas up to the number wanted, release the
+   newest beyond it;
+5. place every pending replica, all or nothing, on one snapshot of the fleet;
+6. a draining node with nothing left on it becomes cordoned;
+7. forget failed replicas after an hour.
+
+Every step reads the state afresh and changes only rows still in the state
+it expects, so a pass that runs twice, late, or beside another changes
+nothing twice; the database refuses a GPU in two allocations whatever happens.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from inventory import shardversion
+from inventory.models import (
+    LIVE_STATES,
+    RUN_STATES,
+    AdminState,
+    Allocation,
+    Deployment,
+    GPUClaim,
+    Liveness,
+    Node,
+    Replica,
+    ReplicaState,
+    Shard,
+)
+from inventory.operator import finish_drain
+from inventory.placement import CannotPlace, Placement, Planner, Profile, load_fleet
+from inventory.replicas import begin_release, fail_replicas, finish_release, new_replicas
+
+log = logging.getLogger(__name__)
+
+# How long a releasing shard waits for its agent to say the engine stopped
+# before its GPUs are handed out anyway (an agent that never answers must not
+# hold them for ever).
+RELEASE_GRACE = timedelta(seconds=60)
+# How long a failed replica stays visible in the admin, with its reason.
+FAILED_KEPT_FOR = timedelta(hours=1)
+
+
+@dataclass
+class ReconcileResult:
+    created: list[str] = field(default_factory=list)
+    placed: list[str] = field(default_factory=list)
+    unplaced: dict[str, str] = field(default_factory=dict)
+    releasing: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    cordoned: list[str] = field(default_factory=list)
+    pruned: int = 0
+
+    def summary(self) -> dict:
+        return {
+            "created": len(self.created),
+            "placed": len(self.placed),
+            "unplaced": len(self.unplaced),
+            "releasing": len(self.releasing),
+            "released": len(self.released),
+            "failed": len(self.failed),
+            "cordoned": self.cordoned,
+        }
+
+
+def reconcile(now: datetime | None = None) -> ReconcileResult:
+    now = now or timezone.now()
+    result = ReconcileResult()
+    _finish_releases(now, result)
+    _fail_stranded(now, result)
+    _drain(now, result)
+    _scale(now, result)
+    _place(now, result)
+    _cordon_drained(now, result)
+    _prune(now, result)
+    return result
+
+
+def _finish_releases(now: datetime, result: ReconcileResult) -> None:
+    done = Shard.objects.filter(state=ReplicaState.RELEASING).filter(
+        Q(node__isnull=True) | ~Q(node__liveness=Liveness.ALIVE) | Q(changed_at__lt=now - RELEASE_GRACE)
+    )
+    result.released += finish_release(done.values_list("shard_id", flat=True))
+    # A releasing replica that never had shards placed has nothing to wait for.
+    Replica.objects.filter(state=ReplicaState.RELEASING, shards__isnull=True).delete()
+
+
+def _fail_stranded(now: datetime, result: ReconcileResult) -> None:
+    stranded = Shard.objects.filter(state__in=RUN_STATES).filter(Q(node__isnull=True) | Q(node__liveness=Liveness.LOST))
+    reasons = {}
+    for replica_id, node_id in stranded.values_list("replica__replica_id", "node_id"):
+        reasons.setdefault(replica_id, f"node {node_id} lost" if node_id else "its node was removed")
+    for replica_id, reason in sorted(reasons.items()):
+        result.failed += fail_replicas([replica_id], reason, now)
+
+
+def _drain(now: datetime, result: ReconcileResult) -> None:
+    """Replace what runs on draining nodes, and release the old once the new one runs."""
+    replacements = {
+        r.replaces_id: r
+        for r in Replica.objects.filter(replaces__isnull=False, state__in=LIVE_STATES).select_related("replaces")
+    }
+    for new in replacements.values():
+        old = new.replaces
+        if new.state == ReplicaState.RUNNING and old.state in RUN_STATES:
+            result.releasing += begin_release([old], f"replaced by {new.replica_id}, now running", now)
+    draining = list(Node.objects.filter(admin_state=AdminState.DRAINING).values_list("pk", flat=True))
+    on_draining = {
+        r.pk: r
+        for r in Replica.objects.filter(state__in=RUN_STATES, shards__node__in=draining)
+        .select_related("deployment")
+        .distinct()
+    }
+    for old in sorted(on_draining.values(), key=lambda r: r.replica_id):
+        if old.pk not in replacements:
+            nodes = sorted(set(old.shards.filter(node__in=draining).values_list("node_id", flat=True)))
+            reason = f"replaces {old.replica_id}: {', '.join(nodes)} draining"
+            result.created += [r.replica_id for r in new_replicas(old.deployment, 1, reason, replaces=old, now=now)]
+    # An operator who stops a drain keeps the old replica; a replacement not
+    # yet serving is then surplus.
+    for old_pk, new in replacements.items():
+        if old_pk not in on_draining and new.state != ReplicaState.RUNNING and new.replaces.state in RUN_STATES:
+            result.releasing += begin_release([new], f"drain of {new.replaces.replica_id} stopped", now)
+
+
+def _scale(now: datetime, result: ReconcileResult) -> None:
+    live = list(Replica.objects.filter(state__in=LIVE_STATES).order_by("ordinal"))
+    replaced = {r.replaces_id for r in live if r.replaces_id}
+    by_pk = {r.pk: r for r in live}
+    counted = defaultdict(list)
+    for replica in live:
+        if replica.pk not in replaced:
+            counted[replica.deployment_id].append(replica)
+    for deployment in Deployment.objects.all():
+        have = counted[deployment.pk]
+        if len(have) < deployment.replicas:
+            missing = deployment.replicas - len(have)
+            made = new_replicas(deployment, missing, "waiting for placement", now=now)
+            result.created += [r.replica_id for r in made]
+        elif len(have) > deployment.replicas:
+            # Unplaced replicas first, as they serve nothing; then the newest.
+            order = sorted(have, key=lambda r: (r.state != ReplicaState.PENDING, -r.ordinal))
+            excess = order[: len(have) - deployment.replicas]
+            # A replacement leaving takes the replica it was replacing along:
+            # that one is on a draining node and on its way out anyway.
+            excess += [by_pk[r.replaces_id] for r in excess if r.replaces_id in by_pk]
+            reason = f"scaled down to {deployment.replicas}"
+            result.releasing += begin_release(excess, reason, now)
+
+
+def _place(now: datetime, result: ReconcileResult) -> None:
+    pending = list(
+        Replica.objects.filter(state=ReplicaState.PENDING)
+        .select_related("deployment")
+        .order_by("deployment__name", "ordinal")
+    )
+    if not pending:
+        return
+    deployments = {r.deployment_id: r.deployment for r in pending}
+    fleet = load_fleet(d.model_source for d in deployments.values() if d.model_is_path)
+    spread = _spread(deployments)
+    # A deployment's planner is made when its turn comes, so it sees what the
+    # deployments before it took.
+    planners: dict[int, Planner] = {}
+    placed: list[tuple[Replica, Placement]] = []
+    unplaced: list[Replica] = []
+    for replica in pending:
+        pk = replica.deployment_id
+        if pk not in planners:
+            planners[pk] = Planner(fleet, Profile.of(deployments[pk]), spread[pk])
+        outcome = planners[pk].place()
+        if isinstance(outcome, CannotPlace):
+            result.unplaced[replica.replica_id] = outcome.reason
+            reason = f"cannot place: {outcome.reason}"
+            if replica.reason != reason:
+                replica.reason, replica.changed_at = reason, now
+                unplaced.append(replica)
+        else:
+            placed.append((replica, outcome))
+    with transaction.atomic():
+        if unplaced:
+            Replica.objects.bulk_update(unplaced, ["reason", "changed_at"])
+        if placed:
+            _commit(placed, now)
+    result.placed += [replica.replica_id for replica, _ in placed]
+
+
+def _spread(deployments: dict[int, Deployment]) -> dict[int, Counter]:
+    """How many live replicas of each deployment each node already holds."""
+    rows = set(
+        Shard.objects.filter(state__in=RUN_STATES, replica__deployment__in=deployments.keys(), node__isnull=False)
+        .values_list("replica__deployment_id", "replica_id", "node_id")
+        .order_by()
+    )
+    spread: dict[int, Counter] = defaultdict(Counter)
+    for deployment_pk, _, node_id in rows:
+        spread[deployment_pk][node_id] += 1
+    return spread
+
+
+def _commit(placed: list[tuple[Replica, Placement]], now: datetime) -> None:
+    """Write every placement of the pass in a few bulk statements.
+
+    The replicas are still pending only if no other pass placed them first:
+    the update below is the compare-and-set, and the unique shard ids and GPU
+    claims make the database refuse a double placement outright.
+    """
+    pks = [replica.pk for replica, _ in placed]
+    if Replica.objects.filter(pk__in=pks, state=ReplicaState.PENDING).count() != len(pks):
+        raise RuntimeError("replicas were placed by another pass; this pass stops")
+    allocations, shards, gpus_of = [], [], {}
+    by_fabric: dict[str, list[int]] = defaultdict(list)
+    for replica, placement in placed:
+        deployment = replica.deployment
+        by_fabric[placement.fabric].append(replica.pk)
+        for part in placement.shards:
+            shard_id = f"{replica.replica_id}-s{part.index}"
+            shards.append(
+                Shard(
+                    replica=replica,
+                    shard_id=shard_id,
+                    index=part.index,
+                    node_id=part.node_id,
+                    state=ReplicaState.PLACED,
+                    reason="waiting for the agent to start it",
+                    changed_at=now,
+                    gpu_indices=part.gpus,
+                    hcas=part.hcas,
+                    port=part.port,
+                )
+            )
+            allocations.append(
+                Allocation(
+                    node_id=part.node_id,
+                    shard_id=shard_id,
+                    replica_id=replica.replica_id,
+                    model=deployment.model_source,
+                    memory_gb=deployment.memory_gb_per_shard,
+                    cpu_cores=deployment.cpu_cores_per_shard,
+                )
+            )
+            gpus_of[shard_id] = (part.node_id, part.gpus)
+    Allocation.objects.bulk_create(allocations)
+    Shard.objects.bulk_create(shards)
+    GPUClaim.objects.bulk_create(
+        GPUClaim(allocation=allocation, node_id=node_id, gpu_index=index)
+        for allocation in allocations
+        for node_id, indices in [gpus_of[allocation.shard_id]]
+        for index in indices
+    )
+    # One UPDATE per fabric rather than a row-by-row bulk_update: where each
+    # shard went is on the shard rows.
+    for fabric, pks in by_fabric.items():
+        reason = "placed; waiting for its agents to start it" + (f" (over fabric {fabric})" if fabric else "")
+        Replica.objects.filter(pk__in=pks).update(
+            state=ReplicaState.PLACED, reason=reason, changed_at=now, fabric=fabric
+        )
+    shardversion.bump(part.node_id for _, placement in placed for part in placement.shards)
+
+
+def _cordon_drained(now: datetime, result: ReconcileResult) -> None:
+    draining = set(Node.objects.filter(admin_state=AdminState.DRAINING).values_list("pk", flat=True))
+    if not draining:
+        return
+    busy = set(Allocation.objects.filter(node_id__in=draining).values_list("node_id", flat=True))
+    holding = (*RUN_STATES, ReplicaState.RELEASING)
+    busy |= set(Shard.objects.filter(node_id__in=draining, state__in=holding).values_list("node_id", flat=True))
+    for node_id in sorted(draining - busy):
+        if finish_drain(node_id, now):
+            result.cordoned.append(node_id)
+
+
+def _prune(now: datetime, result: ReconcileResult) -> None:
+    old = Replica.objects.filter(state=ReplicaState.FAILED, changed_at__lt=now - FAILED_KEPT_FOR)
+    result.pruned, _ = old.delete()

@@ -1,0 +1,59 @@
+"""Counters in Redis that move whenever what a node's agent should run may have changed.
+
+Web workers keep each node's shard list in memory and read the database again
+only when that node's counter (or the counter of every node, moved when a
+deployment changes) has moved, or after `MAX_AGE`: an unchanged heartbeat
+costs one Redis round trip instead of a query, and a change on one node sends
+only that node's agent back to the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import redis
+from django.db import transaction
+
+from nodes import loadstore
+
+log = logging.getLogger(__name__)
+
+KEY = "llmgw:shards:versions"
+EVERY_NODE = "*"
+# A bump lost to a Redis outage is outlived by this.
+MAX_AGE = 30.0
+
+
+def bump(node_ids: Iterable[str | None] | None = None) -> None:
+    """Move the counters of these nodes (None: of every node), now and once the transaction commits.
+
+    Now, so that a change is seen at once where there is no transaction to
+    wait for; after the commit too, so that a reader who cached the old rows
+    under the first number in between reads them again.
+    """
+    fields = [EVERY_NODE] if node_ids is None else sorted({n for n in node_ids if n})
+    if not fields:
+        return
+    _incr(fields)
+    if transaction.get_connection().in_atomic_block:
+        transaction.on_commit(lambda: _incr(fields))
+
+
+def _incr(fields: list[str]) -> None:
+    try:
+        pipe = loadstore.client().pipeline(transaction=False)
+        for name in fields:
+            pipe.hincrby(KEY, name, 1)
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("could not bump the shard versions: %s", exc)
+
+
+def current(node_id: str) -> tuple[int, int] | None:
+    """The node's counter and every node's, or None when Redis cannot say (then read the database)."""
+    try:
+        mine, everyone = loadstore.client().hmget(KEY, [node_id, EVERY_NODE])
+    except redis.RedisError:
+        return None
+    return int(mine or 0), int(everyone or 0)

@@ -1,0 +1,94 @@
+// Draws the node page's charts with uPlot from the series the server embedded as JSON.
+// No inline script: the data sits in a <script type="application/json"> element, and
+// this file runs whenever htmx puts a charts section on the page.
+(function () {
+  "use strict";
+
+  const GIB = 2 ** 30;
+  const HEIGHT = 170;
+  const PALETTE = ["#2f81f7", "#d29922", "#3fb950", "#db61a2", "#a371f7", "#f85149", "#39c5cf", "#8d96a0"];
+
+  function format(unit, value) {
+    if (value === null || value === undefined) return "—";
+    if (value === 0) return "0";
+    switch (unit) {
+      case "percent": return value.toFixed(0) + "%";
+      case "bytes": return (value / GIB).toFixed(value >= 10 * GIB ? 0 : 1) + " GiB";
+      case "cores":
+      case "load": return value.toFixed(value >= 10 ? 0 : 2);
+      default: return String(Math.round(value * 100) / 100);
+    }
+  }
+
+  function colours() {
+    const dark = window.matchMedia("(prefers-color-scheme: dark)").matches;
+    return { text: dark ? "#8d96a0" : "#656d76", grid: dark ? "#30363d" : "#e6eaef" };
+  }
+
+  function countPoints(values) {
+    let points = 0;
+    for (const column of values) for (const v of column) if (v !== null) points++;
+    return points;
+  }
+
+  // Under the cursor, a series with no point at that instant shows its nearest
+  // point within a minute instead of a dash: a young series has few points.
+  const SNAP = 4;
+  function nearestPoint(u, seriesIdx, hoveredIdx) {
+    const values = u.data[seriesIdx];
+    if (seriesIdx === 0 || values[hoveredIdx] != null) return hoveredIdx;
+    for (let d = 1; d <= SNAP; d++) {
+      if (values[hoveredIdx - d] != null) return hoveredIdx - d;
+      if (values[hoveredIdx + d] != null) return hoveredIdx + d;
+    }
+    return hoveredIdx;
+  }
+
+  function plot(figure, chart, times) {
+    const c = colours();
+    const axis = { stroke: c.text, grid: { stroke: c.grid, width: 1 }, ticks: { stroke: c.grid, width: 1 } };
+    const options = {
+      width: Math.max(figure.clientWidth - 16, 200),
+      height: HEIGHT,
+      series: [
+        { label: "time", value: "{YYYY}-{MM}-{DD} {HH}:{mm}:{ss}" },
+        ...chart.series.map((name, i) => ({
+          label: name,
+          stroke: PALETTE[i % PALETTE.length],
+          width: 1.5,
+          value: (u, v) => format(chart.unit, v),
+          // A young or gappy series is a few points: show them, or nothing would be seen.
+          points: { show: countPoints([chart.values[i]]) < 60 },
+        })),
+      ],
+      axes: [axis, { ...axis, size: 64, values: (u, ticks) => ticks.map((v) => format(chart.unit, v)) }],
+      scales: { x: { time: true }, y: chart.unit === "percent" ? { range: [0, 100] } : { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
+      legend: { live: true },
+      cursor: { dataIdx: nearestPoint },
+    };
+    const instance = new uPlot(options, [times, ...chart.values], figure);
+    new ResizeObserver(() => instance.setSize({ width: Math.max(figure.clientWidth - 16, 200), height: HEIGHT })).observe(figure);
+    return instance;
+  }
+
+  function draw(root) {
+    const grids = root.matches && root.matches("[data-chart-source]") ? [root] : root.querySelectorAll("[data-chart-source]");
+    for (const grid of grids) {
+      const source = document.getElementById(grid.dataset.chartSource);
+      if (!source) continue;
+      const data = JSON.parse(source.textContent);
+      for (const chart of data.charts) {
+        const figure = grid.querySelector('.chart[data-key="' + chart.key + '"]');
+        if (!figure) continue;
+        // Read by the browser tests: how many points this chart was handed and drew.
+        figure.dataset.points = String(countPoints(chart.values));
+        if (chart.series.length && typeof uPlot !== "undefined") {
+          plot(figure, chart, data.times);
+          figure.dataset.drawn = "true";
+        }
+      }
+    }
+  }
+
+  document.addEventListener("htmx:load", (event) => draw(event.detail.elt));
+})();

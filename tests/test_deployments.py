@@ -1,0 +1,318 @@
+"""Deployments in the admin, the shards agents are told to run, and Prometheus' engine targets."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from agent import protocol
+from inventory.desired import sync_node
+from inventory.models import Allocation, Deployment, Engine, GPUClaim, Node, Replica, ReplicaState, Shard
+from inventory.reconcile import reconcile
+from nodes import loadstore
+from tests.placement_fleet import deployment, node
+from tests.services import free_port
+
+pytestmark = pytest.mark.django_db
+
+TARGETS = "/api/v1/prometheus/targets"
+
+
+def run_everything() -> None:
+    """Every agent reports every shard it was given as running."""
+    for node_id in set(Shard.objects.values_list("node_id", flat=True)):
+        given = sync_node(node_id)
+        sync_node(node_id, [protocol.ShardStatus(shard=s.shard, state="running", metrics_port=s.port) for s in given])
+
+
+# -- what agents are told ------------------------------------------------------------------------
+
+
+def test_a_multi_node_shard_gets_its_gpus_and_only_its_fabrics_adapters(db):
+    node("a", gpus=8, fabrics={"ib-a": ["mlx5_0", "mlx5_1"], "ib-b": ["mlx5_4"]})
+    node("b", gpus=8, fabrics={"ib-a": ["mlx5_2"]})
+    deployment(shards_per_replica=2, gpus_per_shard=8, model_source="/models/llama-70b")
+    reconcile()
+    spec_a, spec_b = sync_node("a")[0], sync_node("b")[0]
+    assert spec_a.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
+    assert spec_a.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
+    assert spec_b.env["NCCL_IB_HCA"] == "mlx5_2"
+    assert spec_a.env["LLMGW_SHARD_INDEX"] == "0" and spec_b.env["LLMGW_SHARD_INDEX"] == "1"
+    assert spec_b.env["LLMGW_LEADER"] == f"{spec_a_addr()}:{spec_a.port}"
+    assert spec_a.command[:3] == ["vllm", "serve", "/models/llama-70b"]
+    assert "--pipeline-parallel-size" in spec_a.command and "--tensor-parallel-size" in spec_a.command
+    assert spec_a.port == int(spec_a.command[spec_a.command.index("--port") + 1])
+
+
+def spec_a_addr() -> str:
+    return Node.objects.get(pk="a").mgmt_addr
+
+
+def test_a_single_node_cpu_shard_sees_no_gpu_and_no_fabric(db):
+    node("a", gpus=2, fabrics={"ib": ["mlx5_0"]})
+    deployment(
+        engine=Engine.LLAMA_CPP, gpus_per_shard=0, gpu_class="", cpu_cores_per_shard=8, arguments="--ctx-size 4096"
+    )
+    reconcile()
+    (spec,) = sync_node("a")
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == ""
+    assert "NCCL_IB_HCA" not in spec.env
+    assert spec.command[0] == "llama-server"
+    assert spec.command[-2:] == ["--ctx-size", "4096"]
+    assert spec.command[spec.command.index("--threads") + 1] == "8"
+
+
+def test_the_command_engine_fills_in_port_and_model(db):
+    node("a", gpus=0)
+    deployment(
+        engine=Engine.COMMAND,
+        gpus_per_shard=0,
+        gpu_class="",
+        model_source="tiny",
+        arguments="my-server --listen 0.0.0.0:{port} --model '{model}'",
+    )
+    reconcile()
+    (spec,) = sync_node("a")
+    assert spec.command == ["my-server", "--listen", f"0.0.0.0:{spec.port}", "--model", "tiny"]
+
+
+def test_two_shards_on_one_node_get_distinct_ports_and_gpus(db):
+    node("a", gpus=8)
+    deployment(replicas=2, gpus_per_shard=4)
+    reconcile()
+    specs = sync_node("a")
+    assert len({s.port for s in specs}) == 2
+    assert {s.env["CUDA_VISIBLE_DEVICES"] for s in specs} == {"0,1,2,3", "4,5,6,7"}
+
+
+def test_reports_move_shards_through_starting_to_running_and_write_only_on_change(db, django_assert_num_queries):
+    node("a")
+    deployment()
+    reconcile()
+    (spec,) = sync_node("a")
+    sync_node("a", [protocol.ShardStatus(shard=spec.shard, state="starting")])
+    assert Replica.objects.get().state == ReplicaState.STARTING
+    sync_node("a", [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9100)])
+    shard = Shard.objects.get()
+    assert (shard.state, shard.metrics_port, shard.replica.state) == (ReplicaState.RUNNING, 9100, ReplicaState.RUNNING)
+    # The same report again, twice: one read, then nothing at all from the database.
+    same = [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9100)]
+    with django_assert_num_queries(1):
+        sync_node("a", same)
+    with django_assert_num_queries(0):
+        assert sync_node("a", same) == [spec]
+
+
+def test_reports_of_shards_the_node_does_not_hold_change_nothing(db):
+    node("a")
+    node("b")
+    deployment(replicas=2)
+    reconcile()
+    other = Shard.objects.get(node_id="b")
+    sync_node("a", [protocol.ShardStatus(shard=other.shard_id, state="failed")])
+    assert Replica.objects.filter(state=ReplicaState.FAILED).count() == 0
+
+
+# -- Prometheus' engine targets ------------------------------------------------------------------
+
+
+def test_targets_list_running_shards_with_their_labels(client, db):
+    node("a")
+    node("b")
+    deployment(replicas=2, model_source="/models/m")
+    reconcile()
+    assert client.get(TARGETS).json() == [], "placed but not running: nothing to scrape yet"
+    run_everything()
+    groups = client.get(TARGETS).json()
+    assert len(groups) == 2
+    shards = {s.shard_id: s for s in Shard.objects.select_related("node")}
+    for group in groups:
+        shard = shards[group["labels"]["shard"]]
+        assert group["targets"] == [f"{shard.node.mgmt_addr}:{shard.metrics_port}"]
+        assert group["labels"] == {
+            "node": shard.node_id,
+            "shard": shard.shard_id,
+            "replica": shard.replica.replica_id,
+            "model": "/models/m",
+            "engine": "vllm",
+        }
+
+
+def test_targets_use_a_constant_number_of_queries(client, db, django_assert_num_queries):
+    for i in range(6):
+        node(f"n{i}")
+    deployment(replicas=6)
+    reconcile()
+    run_everything()
+    with django_assert_num_queries(1):
+        assert len(client.get(TARGETS).json()) == 6
+
+
+@override_settings(LLMGW_METRICS_TOKEN="s3cret")
+def test_targets_want_the_metrics_token_when_one_is_set(client, db):
+    assert client.get(TARGETS).status_code == 401
+    assert client.get(TARGETS, HTTP_AUTHORIZATION="Bearer wrong").status_code == 401
+    assert client.get(TARGETS, HTTP_AUTHORIZATION="Bearer s3cret").status_code == 200
+    assert client.post(TARGETS).status_code == 405
+
+
+# -- the admin -----------------------------------------------------------------------------------
+
+
+def test_admin_lists_deployments_with_the_reason_nothing_fits(client, operator):
+    node("small", gpus=1)
+    deployment("big", gpus_per_shard=4)
+    reconcile()
+    client.force_login(operator)
+    page = client.get("/admin/inventory/deployment/").content.decode()
+    assert "Cannot place" in page
+    assert "needs 4 × H100-80GB on one node: 1 node has H100-80GB, 1 has 1 free" in page
+    big = Deployment.objects.get(name="big")
+    detail = client.get(f"/admin/inventory/deployment/{big.pk}/change/").content.decode()
+    assert "needs 4 × H100-80GB" in detail and "big-r1" in detail
+
+
+def test_admin_creates_a_deployment_and_the_reconciler_places_it(client, operator):
+    node("a")
+    client.force_login(operator)
+    response = client.post(
+        "/admin/inventory/deployment/add/",
+        {
+            "name": "demo",
+            "model_source": "demo-model",
+            "engine": "demo",
+            "arguments": "",
+            "replicas": "1",
+            "shards_per_replica": "1",
+            "gpus_per_shard": "0",
+            "gpu_class": "",
+            "memory_gb_per_shard": "1",
+            "cpu_cores_per_shard": "1",
+            "replica_set-TOTAL_FORMS": "0",
+            "replica_set-INITIAL_FORMS": "0",
+        },
+    )
+    assert response.status_code == 302, response.content.decode()[:2000]
+    reconcile()
+    assert Replica.objects.get().state == ReplicaState.PLACED
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("arguments", "--flag 'unclosed", "cannot split"),
+        ("name", "Bad Name", "lower-case letters"),
+        ("gpu_class", "H100-80GB", "needs at least one GPU"),
+    ],
+)
+def test_admin_refuses_a_bad_deployment(client, operator, field, value, message):
+    client.force_login(operator)
+    data = {
+        "name": "x",
+        "model_source": "m",
+        "engine": "vllm",
+        "arguments": "",
+        "replicas": "1",
+        "shards_per_replica": "1",
+        "gpus_per_shard": "0",
+        "gpu_class": "",
+        "memory_gb_per_shard": "0",
+        "cpu_cores_per_shard": "0",
+        "replica_set-TOTAL_FORMS": "0",
+        "replica_set-INITIAL_FORMS": "0",
+        field: value,
+    }
+    response = client.post("/admin/inventory/deployment/add/", data)
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Deployment.objects.exists()
+
+
+def test_admin_deployments_need_a_login_and_staff(client, viewer):
+    assert client.get("/admin/inventory/deployment/").status_code == 302
+    client.force_login(viewer)
+    assert client.get("/admin/inventory/deployment/").status_code == 302
+
+
+def test_deleting_a_deployment_frees_its_gpus(client, operator):
+    node("a")
+    d = deployment(replicas=2)
+    reconcile()
+    assert GPUClaim.objects.count() == 2
+    client.force_login(operator)
+    client.post(f"/admin/inventory/deployment/{d.pk}/delete/", {"post": "yes"})
+    assert not Deployment.objects.exists()
+    assert not Allocation.objects.exists() and not GPUClaim.objects.exists()
+
+
+def test_a_running_shard_the_agent_no_longer_lists_goes_back_to_placed(db):
+    node("a")
+    deployment()
+    reconcile()
+    (spec,) = sync_node("a")
+    sync_node("a", [protocol.ShardStatus(shard=spec.shard, state="running")])
+    # The agent restarted and runs nothing yet; it is still told to run the shard.
+    assert sync_node("a", []) == [spec]
+    shard = Shard.objects.get()
+    assert (shard.state, shard.reason) == (ReplicaState.PLACED, "not reported by the agent")
+    assert shard.replica.state == ReplicaState.PLACED
+
+
+def test_a_cached_node_sees_a_new_placement_on_its_next_heartbeat(db, django_assert_num_queries):
+    node("a")
+    d = deployment()
+    reconcile()
+    first = sync_node("a", [])
+    with django_assert_num_queries(0):
+        assert sync_node("a", []) == first
+    d.replicas = 2
+    d.save()
+    reconcile()
+    assert len(sync_node("a", [])) == 2
+
+
+def test_without_redis_every_heartbeat_reads_the_database(db, settings, django_assert_num_queries):
+    node("a")
+    deployment()
+    reconcile()
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    loadstore.reset_client()
+    try:
+        for _ in range(2):
+            with django_assert_num_queries(1):
+                assert len(sync_node("a", [])) == 1
+    finally:
+        loadstore.reset_client()
+
+
+def test_setup_demo_creates_a_demo_deployment_once_that_places_on_a_cpu_node(tmp_path, db):
+    node("laptop", gpus=0, cpus=8, memory_gb=16)
+    for _ in range(2):
+        call_command("setup_demo", var_dir=str(tmp_path), stdout=io.StringIO())
+    demo = Deployment.objects.get()
+    assert (demo.name, demo.engine, demo.gpus_per_shard) == ("demo", Engine.DEMO, 0)
+    reconcile()
+    specs = sync_node("laptop")
+    assert len(specs) == demo.replicas
+    for spec in specs:
+        assert spec.command[:3] == ["python3", "-m", "agent.demo_engine"]
+        assert spec.command[spec.command.index("--port") + 1] == str(spec.port)
+
+
+def test_a_change_on_one_node_leaves_the_other_nodes_cached(db, django_assert_num_queries):
+    node("a")
+    node("b")
+    d = deployment(replicas=2)
+    reconcile()
+    a_before, b_before = sync_node("a", []), sync_node("b", [])
+    (b_spec,) = b_before
+    sync_node("b", [protocol.ShardStatus(shard=b_spec.shard, state="running")])
+    with django_assert_num_queries(0):
+        assert sync_node("a", []) == a_before
+    # A deployment's new arguments reach every node.
+    d.arguments = "--max-model-len 8192"
+    d.save()
+    assert sync_node("a", [])[0].command[-2:] == ["--max-model-len", "8192"]

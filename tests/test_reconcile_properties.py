@@ -1,0 +1,150 @@
+"""The reconciler over random fleets in the database (hypothesis): what it stores always keeps the rules."""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.django import TestCase
+
+from agent import protocol
+from inventory import desired
+from inventory.desired import sync_node
+from inventory.liveness import mark_stale
+from inventory.models import (
+    GPU,
+    RUN_STATES,
+    AdminState,
+    Allocation,
+    FabricAttachment,
+    GPUClaim,
+    Liveness,
+    Node,
+    Replica,
+    ReplicaState,
+    Shard,
+)
+from inventory.reconcile import reconcile
+from tests.placement_fleet import deployment, node
+
+GPU_NAMES = {"NVIDIA H100 80GB HBM3": "H100-80GB", "NVIDIA A100-SXM4-40GB": "A100-40GB"}
+STATES = [
+    (AdminState.ACTIVE, Liveness.ALIVE),
+    (AdminState.ACTIVE, Liveness.ALIVE),
+    (AdminState.CORDONED, Liveness.ALIVE),
+    (AdminState.DRAINING, Liveness.ALIVE),
+    (AdminState.ACTIVE, Liveness.UNREACHABLE),
+    (AdminState.ACTIVE, Liveness.LOST),
+]
+
+fleet_specs = st.lists(
+    st.fixed_dictionaries(
+        {
+            "gpus": st.integers(0, 8),
+            "gpu_name": st.sampled_from(sorted(GPU_NAMES)),
+            "memory_gb": st.sampled_from([64, 256, 1024]),
+            "fabrics": st.lists(st.sampled_from(["ib-a", "ib-b"]), unique=True, max_size=2),
+            "state": st.sampled_from(STATES),
+        }
+    ),
+    min_size=1,
+    max_size=6,
+)
+deployment_specs = st.lists(
+    st.fixed_dictionaries(
+        {
+            "replicas": st.integers(0, 4),
+            "shards_per_replica": st.integers(1, 3),
+            "gpus_per_shard": st.integers(0, 8),
+            "gpu_class": st.sampled_from(["", *GPU_NAMES.values()]),
+            "memory_gb_per_shard": st.sampled_from([0, 48, 200]),
+        }
+    ),
+    min_size=1,
+    max_size=3,
+)
+# Later changes: (node index, new admin state and liveness).
+changes = st.lists(st.tuples(st.integers(0, 5), st.sampled_from(STATES)), max_size=4)
+
+
+def check_invariants(placed_now: list[str], schedulable: set[str]) -> None:
+    gpus = {(g.node_id, g.index): g for g in GPU.objects.all()}
+    adapters = {(f.node_id, f.fabric): f.hcas for f in FabricAttachment.objects.all()}
+    claims = Counter(GPUClaim.objects.values_list("node_id", "gpu_index"))
+    assert all(n == 1 for n in claims.values()), "a GPU in two allocations"
+    memory = defaultdict(int)
+    for allocation in Allocation.objects.all():
+        memory[allocation.node_id] += allocation.memory_gb
+    for node_row in Node.objects.all():
+        if memory[node_row.pk]:
+            assert memory[node_row.pk] <= node_row.memory_total_gb, f"{node_row.pk}: memory claimed above its total"
+    shard_ids = set(
+        Shard.objects.filter(state__in=(*RUN_STATES, ReplicaState.RELEASING)).values_list("shard_id", flat=True)
+    )
+    assert set(Allocation.objects.values_list("shard_id", flat=True)) <= shard_ids, "an allocation nothing holds"
+    for replica in Replica.objects.select_related("deployment").prefetch_related("shards"):
+        d, shards = replica.deployment, list(replica.shards.all())
+        if replica.state == ReplicaState.PENDING:
+            assert not shards and not Allocation.objects.filter(replica_id=replica.replica_id).exists()
+            continue
+        if replica.state not in RUN_STATES:
+            continue
+        assert len(shards) == d.shards_per_replica, "a replica placed in part"
+        nodes = {s.node_id for s in shards}
+        for shard in shards:
+            allocation = Allocation.objects.get(shard_id=shard.shard_id)
+            assert allocation.node_id == shard.node_id
+            assert len(shard.gpu_indices) == d.gpus_per_shard
+            assert sorted(allocation.gpu_indices) == sorted(shard.gpu_indices)
+            for index in shard.gpu_indices:
+                gpu = gpus[(shard.node_id, index)]
+                assert gpu.healthy and (not d.gpu_class or gpu.gpu_class == d.gpu_class)
+            if len(nodes) > 1:
+                assert shard.hcas == adapters[(shard.node_id, replica.fabric)], "adapters of another fabric"
+            else:
+                assert not replica.fabric and not shard.hcas
+        if replica.replica_id in placed_now:
+            assert nodes <= schedulable, f"{replica} placed on a node that was not schedulable"
+
+
+class ReconcileProperties(TestCase):
+    @settings(max_examples=25, deadline=None)
+    @given(fleet=fleet_specs, wanted=deployment_specs, later=changes)
+    def test_stored_placements_keep_the_rules_through_changes(self, fleet, wanted, later):
+        desired.forget()
+        names = []
+        for i, spec in enumerate(fleet):
+            admin_state, liveness = spec.pop("state")
+            node(
+                f"n{i}",
+                fabrics={f: [f"{f}-n{i}"] for f in spec.pop("fabrics")},
+                **spec,
+                admin_state=admin_state,
+                liveness=liveness,
+            )
+            names.append(f"n{i}")
+        for i, spec in enumerate(wanted):
+            if not spec["gpus_per_shard"]:
+                spec["gpu_class"] = ""
+            deployment(f"d{i}", **spec)
+
+        def schedulable() -> set[str]:
+            return set(
+                Node.objects.filter(admin_state=AdminState.ACTIVE, liveness=Liveness.ALIVE).values_list("pk", flat=True)
+            )
+
+        check_invariants(reconcile().placed, schedulable())
+        for index, (admin_state, liveness) in later:
+            if index < len(names):
+                Node.objects.filter(pk=names[index]).update(admin_state=admin_state, liveness=liveness)
+        mark_stale()
+        # Agents on live nodes run what they are told.
+        for name in Node.objects.filter(liveness=Liveness.ALIVE).values_list("pk", flat=True):
+            wanted_here = sync_node(name)
+            sync_node(name, [protocol.ShardStatus(shard=s.shard, state="running") for s in wanted_here])
+        for _ in range(2):
+            check_invariants(reconcile().placed, schedulable())
+        # Idempotent: once settled, another pass places and releases nothing.
+        again = reconcile()
+        assert not again.placed and not again.releasing and not again.created
