@@ -597,6 +597,7 @@ def allocation_check(replicas_on_lost: set[str]) -> dict:
         "replicas_placed_at_end": placed,
         "replicas_on_nodes_that_were_lost": len(replicas_on_lost),
         "of_those_still_live": still_live[:10],
+        # Replicas recorded as replacing one of them (the reconciler may instead just make new ones).
         "replacements_for_them": rebuilt,
         "ok": not doubled and not on_lost and not shards_on_lost and placed == wanted and not still_live,
     }

@@ -110,7 +110,7 @@ def allocation_text(a: dict) -> str:
     return text + (
         f"; replicas placed {a['replicas_placed_at_end']} of {a['replicas_wanted']} wanted; "
         f"{a['replicas_on_nodes_that_were_lost']} replicas were on nodes that went lost, "
-        f"{len(a['of_those_still_live'])} of them still live, {a['replacements_for_them']} replacements placed"
+        f"{len(a['of_those_still_live'])} of them still live"
     )
 
 
