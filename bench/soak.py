@@ -52,7 +52,7 @@ from scripts.stack import PYTHON, Part, Stack  # noqa: E402
 from tests.services import free_port, wait_until  # noqa: E402
 
 PG_RESTART = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"]
-FAULTS = ("redis", "web", "postgres", "celery", "silence", "clock", "operator", "inventory")
+FAULTS = ("redis", "web", "postgres", "celery", "silence", "clock", "operator", "inventory", "replicas")
 # A real agent whose wall clock is wrong: time.time() shifted before the agent starts.
 # (libfaketime would be the outside way, but it hangs CPython's sleeps.)
 SKEWED_AGENT = (
@@ -260,11 +260,16 @@ class Soak:
         a = self.args
         pool = [n for n in self.fleet.nodes if n.skew == 0]
         self.rng.shuffle(pool)
+        # Nodes running replicas go quiet first: losing them is what must get the replicas rebuilt.
+        hosting = await asyncio.to_thread(nodes_with_allocations)
+        pool.sort(key=lambda n: n.node_id not in hosting)
         count = max(min(len(pool) // 20, 50), 2)
-        past_unreachable, past_lost = pool[:count], pool[count : 2 * count]
-        rest = pool[2 * count :]
         tail = max(count // 5, 1)
-        stay_lost, stay_unreachable = rest[:tail], rest[tail : 2 * tail]
+        past_lost, stay_lost = pool[:count], pool[count : count + tail]
+        rest = pool[count + tail :]
+        self.rng.shuffle(rest)
+        past_unreachable, stay_unreachable = rest[:count], rest[count : count + tail]
+        self.replicas_on_lost = await asyncio.to_thread(replicas_on, [n.node_id for n in past_lost + stay_lost])
         now = time.time()
         for node in past_unreachable + past_lost + stay_lost:
             node.silent = True
@@ -408,8 +413,14 @@ class Soak:
             await asyncio.sleep(1)
         registered = sum(n.token is not None for n in self.fleet.nodes)
         self.mark("fleet registered", registered=registered, seconds=round(time.time() - self.started_at))
+        if "replicas" in self.faults:
+            # Placed before measuring, so that the nodes silenced first are running replicas.
+            wanted = await asyncio.to_thread(create_deployments, a.nodes)
+            self.mark("deployments created", replicas_wanted=wanted)
         await asyncio.sleep(a.unreachable_after + 2 * a.beat_period)
         while time.time() < deadline and not await asyncio.to_thread(all_alive):
+            await asyncio.sleep(1)
+        while "replicas" in self.faults and time.time() < deadline and not await asyncio.to_thread(all_placed):
             await asyncio.sleep(1)
         self.t0 = time.time()
         self.end_at = self.t0 + self.duration
@@ -465,7 +476,7 @@ class Soak:
             "inventory": checks.inventory_check(self.fleet.nodes),
             "states": checks.state_check(expected_liveness, expected_admin),
             "transitions": checks.transitions_check(required, never_silent, self.t0),
-            "allocations": allocation_check(),
+            "allocations": allocation_check(getattr(self, "replicas_on_lost", set())),
             "metrics": self.audit.summary(),
             "heartbeats": checks.heartbeat_summary(
                 self.fleet.requests, self.outages, self.t0, self.stopped_at, a.nodes / a.interval
@@ -508,11 +519,58 @@ class Soak:
             print(f"logs kept in {self.var / 'log'}")
 
 
-def allocation_check() -> dict:
-    """No GPU claimed twice; nothing left allocated on a lost node."""
-    from django.db.models import Count
+def create_deployments(nodes: int) -> int:
+    """Two deployments as an operator would make them: one single-GPU model, one two-node replica."""
+    from inventory.models import Deployment
 
-    from inventory.models import Allocation, GPUClaim, Liveness
+    small = Deployment.objects.create(
+        name="llama-8b",
+        model_source="meta-llama/Meta-Llama-3-8B-Instruct",
+        engine="vllm",
+        replicas=max(nodes // 20, 2),
+        gpus_per_shard=1,
+        memory_gb_per_shard=32,
+    )
+    large = Deployment.objects.create(
+        name="llama-70b",
+        model_source="meta-llama/Meta-Llama-3-70B-Instruct",
+        engine="vllm",
+        replicas=max(nodes // 200, 1),
+        shards_per_replica=2,
+        gpus_per_shard=4,
+        memory_gb_per_shard=160,
+    )
+    return small.replicas + large.replicas
+
+
+def all_placed() -> bool:
+    from django.db.models import Sum
+
+    from inventory.models import Deployment, Replica
+    from inventory.models.deployments import RUN_STATES
+
+    wanted = Deployment.objects.aggregate(n=Sum("replicas"))["n"] or 0
+    return Replica.objects.filter(state__in=RUN_STATES).count() >= wanted
+
+
+def nodes_with_allocations() -> set[str]:
+    from inventory.models import Allocation
+
+    return set(Allocation.objects.values_list("node_id", flat=True).distinct())
+
+
+def replicas_on(node_ids: list[str]) -> set[str]:
+    from inventory.models import Allocation
+
+    return set(Allocation.objects.filter(node_id__in=node_ids).values_list("replica_id", flat=True))
+
+
+def allocation_check(replicas_on_lost: set[str]) -> dict:
+    """No GPU claimed twice; nothing left on a lost node; every replica a lost node had was rebuilt elsewhere."""
+    from django.db.models import Count, Sum
+
+    from inventory.models import Allocation, Deployment, GPUClaim, Liveness, Replica, Shard
+    from inventory.models.deployments import RUN_STATES
 
     doubled = list(
         GPUClaim.objects.values("node_id", "gpu_index")
@@ -521,11 +579,27 @@ def allocation_check() -> dict:
         .values_list("node_id", "gpu_index")[:10]
     )
     on_lost = list(Allocation.objects.filter(node__liveness=Liveness.LOST).values_list("shard_id", flat=True)[:10])
+    shards_on_lost = Shard.objects.filter(state__in=RUN_STATES, node__liveness=Liveness.LOST).count()
+    wanted = Deployment.objects.aggregate(n=Sum("replicas"))["n"] or 0
+    placed = Replica.objects.filter(state__in=RUN_STATES).count()
+    still_live = sorted(
+        Replica.objects.filter(replica_id__in=replicas_on_lost, state__in=RUN_STATES).values_list(
+            "replica_id", flat=True
+        )
+    )
+    rebuilt = Replica.objects.filter(replaces__replica_id__in=replicas_on_lost).count()
     return {
         "allocations": Allocation.objects.count(),
         "gpus_claimed_twice": doubled,
         "allocations_on_lost_nodes": on_lost,
-        "ok": not doubled and not on_lost,
+        "live_shards_on_lost_nodes": shards_on_lost,
+        "replicas_wanted": wanted,
+        "replicas_placed_at_end": placed,
+        "replicas_on_nodes_that_were_lost": len(replicas_on_lost),
+        "of_those_still_live": still_live[:10],
+        # Replicas recorded as replacing one of them (the reconciler may instead just make new ones).
+        "replacements_for_them": rebuilt,
+        "ok": not doubled and not on_lost and not shards_on_lost and placed == wanted and not still_live,
     }
 
 

@@ -71,6 +71,16 @@ def test_heartbeats_outside_outages_almost_never_fail(report):
     assert beats["error_rate_outside_outages"] < 0.001, beats
 
 
+def test_replicas_on_lost_nodes_were_rebuilt(report):
+    allocations = report["checks"]["allocations"]
+    assert allocations["replicas_wanted"] > 0
+    assert allocations["replicas_on_nodes_that_were_lost"] > 0
+    # Released from the lost nodes, and the deployments back to their full count elsewhere.
+    assert allocations["of_those_still_live"] == []
+    assert allocations["live_shards_on_lost_nodes"] == 0
+    assert allocations["replicas_placed_at_end"] == allocations["replicas_wanted"]
+
+
 def test_metrics_were_sampled_and_had_loads(report):
     metrics = report["checks"]["metrics"]
     assert metrics["scrapes"] >= 5

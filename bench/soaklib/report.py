@@ -64,14 +64,7 @@ def markdown(result: dict) -> str:
             f"{c['transitions']['missed_transitions']}; marked unreachable without going silent: "
             f"{c['transitions']['marked_unreachable_without_going_silent']}",
         ),
-        _row(
-            "allocations",
-            c["allocations"],
-            f"{c['allocations']['allocations']} allocations; GPUs claimed twice "
-            f"{len(c['allocations']['gpus_claimed_twice'])}; left on lost nodes "
-            f"{len(c['allocations']['allocations_on_lost_nodes'])}"
-            + ("" if c["allocations"]["allocations"] else " (not exercised: no deployment placed any replica)"),
-        ),
+        _row("allocations", c["allocations"], allocation_text(c["allocations"])),
         _row(
             "/metrics",
             c["metrics"],
@@ -105,6 +98,20 @@ def markdown(result: dict) -> str:
     for name, row in c["memory"].get("processes", {}).items():
         lines.append(f"| {name} | {row['start_mib']} | {row['end_mib']} |")
     return "\n".join(lines) + "\n"
+
+
+def allocation_text(a: dict) -> str:
+    text = (
+        f"{a['allocations']} allocations; GPUs claimed twice {len(a['gpus_claimed_twice'])}; "
+        f"left on lost nodes {len(a['allocations_on_lost_nodes'])}"
+    )
+    if "replicas_wanted" not in a or not a["replicas_wanted"]:
+        return text + " (not exercised: no deployment placed any replica)"
+    return text + (
+        f"; replicas placed {a['replicas_placed_at_end']} of {a['replicas_wanted']} wanted; "
+        f"{a['replicas_on_nodes_that_were_lost']} replicas were on nodes that went lost, "
+        f"{len(a['of_those_still_live'])} of them still live"
+    )
 
 
 def _row(name: str, check: dict, text: str) -> str:
