@@ -238,6 +238,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument(
+        "--unreachable-after", type=float, default=900.0, help="seconds of silence before unreachable (default 900)"
+    )
+    parser.add_argument(
         "--workers", type=int, default=default_workers(), help="gunicorn workers (make run starts 2 × cores + 1)"
     )
     args = parser.parse_args()
@@ -254,6 +257,15 @@ def main() -> int:
             "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
             "LLMGW_JOIN_TOKEN": JOIN_TOKEN,
             "LLMGW_BENCH_EMPTY_VIEW": "true",
+            # The whole simulated fleet registers from this one address; the
+            # per-token heartbeat limit stays as in production.
+            "LLMGW_REGISTER_PER_MINUTE": str(max(args.nodes * 2, 100)),
+            # Registering 10,000 nodes takes longer than 30 s, so with the default
+            # threshold the first nodes are unreachable before measuring starts and
+            # every round pays for revivals. This measures the steady state of a
+            # live fleet; --unreachable-after 30 shows the registration burst too.
+            "LLMGW_UNREACHABLE_AFTER": str(args.unreachable_after),
+            "LLMGW_LOST_AFTER": str(args.unreachable_after * 10),
         },
         web_port=free_port(),
         workers=args.workers,
