@@ -7,6 +7,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -77,3 +78,16 @@ class RedisServer:
             self.process.terminate()
             self.process.wait(10)
         wait_until(lambda: not port_open(self.port), 10, f"redis-server on port {self.port} to stop")
+
+
+@contextmanager
+def redis_unreachable(settings):
+    """Point the control plane at a port where no Redis answers, for the duration of the block."""
+    from nodes import loadstore
+
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
+    loadstore.reset_client()
+    try:
+        yield
+    finally:
+        loadstore.reset_client()

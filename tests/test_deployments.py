@@ -12,9 +12,8 @@ from agent import protocol
 from inventory.desired import sync_node
 from inventory.models import Allocation, Deployment, Engine, GPUClaim, Node, Replica, ReplicaState, Shard
 from inventory.reconcile import reconcile
-from nodes import loadstore
 from tests.placement_fleet import deployment, node
-from tests.services import free_port
+from tests.services import redis_unreachable
 
 pytestmark = pytest.mark.django_db
 
@@ -278,14 +277,10 @@ def test_without_redis_every_heartbeat_reads_the_database(db, settings, django_a
     node("a")
     deployment()
     reconcile()
-    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    loadstore.reset_client()
-    try:
+    with redis_unreachable(settings):
         for _ in range(2):
             with django_assert_num_queries(1):
                 assert len(sync_node("a", [])) == 1
-    finally:
-        loadstore.reset_client()
 
 
 def test_setup_demo_creates_a_demo_deployment_once_that_places_on_a_cpu_node(tmp_path, db):

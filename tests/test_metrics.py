@@ -14,6 +14,7 @@ from inventory.models import Filesystem, Node
 from nodes import loadstore, selfmetrics
 from tests.conftest import make_inventory
 from tests.metrics_scrape import TEXT, body, named, of, samples
+from tests.services import redis_unreachable
 
 pytestmark = pytest.mark.django_db
 
@@ -195,14 +196,8 @@ def test_the_stale_task_counts_its_runs(db, redis_client):
 
 
 def test_without_redis_the_inventory_is_still_exported(client, cluster, settings):
-    from tests.services import free_port
-
-    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    loadstore.reset_client()
-    try:
+    with redis_unreachable(settings):
         found = scrape(client)
-    finally:
-        loadstore.reset_client()
     assert of(found, "llmgw_loadstore_up") == 0
     assert len(named(found, "llmgw_node_state")) == 4
 

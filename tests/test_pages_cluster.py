@@ -16,7 +16,7 @@ from nodes import loadstore
 from nodes.views.summary import TOTALS_KEY, TOTALS_MAX_AGE
 from tests.conftest import make_inventory
 from tests.pages_fleet import make_fleet
-from tests.services import free_port
+from tests.services import redis_unreachable
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
@@ -118,12 +118,8 @@ def test_stale_load_is_shown_as_unknown_with_its_age(viewer_client, cluster, red
 
 
 def test_redis_down_renders_from_the_database_and_says_load_is_unknown(viewer_client, cluster, settings):
-    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    loadstore.reset_client()
-    try:
+    with redis_unreachable(settings):
         response = viewer_client.get("/")
-    finally:
-        loadstore.reset_client()
     html = response.content.decode()
     assert response.status_code == 200
     assert sorted(row_ids(html)) == sorted(cluster)

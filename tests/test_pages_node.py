@@ -19,7 +19,7 @@ from nodes import loadstore
 from tests.conftest import make_inventory
 from tests.pages_fleet import make_fleet
 from tests.placement_fleet import deployment
-from tests.services import free_port
+from tests.services import free_port, redis_unreachable
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 
@@ -144,12 +144,8 @@ def test_stale_load_is_unknown_with_its_age(viewer_client, cluster, redis_client
 
 
 def test_redis_down_renders_from_the_database(viewer_client, placed, settings):
-    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    loadstore.reset_client()
-    try:
+    with redis_unreachable(settings):
         response = viewer_client.get("/nodes/ready-1/")
-    finally:
-        loadstore.reset_client()
     html = response.content.decode()
     assert response.status_code == 200
     assert "Redis is not reachable, so current load is unknown" in html

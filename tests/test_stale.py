@@ -12,6 +12,7 @@ from inventory.models import AdminState, Allocation, Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
 from nodes import selfmetrics
 from tests.agentapi import JOIN_TOKEN, heartbeat, register, reply_of
+from tests.services import redis_unreachable
 
 pytestmark = [pytest.mark.django_db]
 
@@ -129,16 +130,9 @@ def test_a_failure_on_one_node_does_not_stop_the_rest(clock, tokens, monkeypatch
 
 
 def test_the_sweep_runs_while_redis_is_down(clock, tokens, settings):
-    from nodes import loadstore
-    from tests.services import free_port
-
-    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    loadstore.reset_client()
-    try:
+    with redis_unreachable(settings):
         clock.move_to(at(31))
         result = liveness.mark_stale()
-    finally:
-        loadstore.reset_client()
     assert sorted(result.unreachable) == ["gpu-1", "gpu-2"]
 
 
