@@ -2,38 +2,97 @@
 
 The heartbeat reply carries this list, whole, every time: the agent starts
 what is new and stops what is gone, so a lost reply costs nothing but a beat.
+
+Every web worker answers every node, so each node's list is cached in Redis,
+where all of them share it, under the shard version it was read at
+(`inventory.shardversion`). A heartbeat that changes nothing reads it in the
+round trip it makes anyway (`nodes/api/beatscript.py`); a moved version, an
+agent's report that changes a shard, or an expired entry sends that node back
+to the database once.
 """
 
 from __future__ import annotations
 
-import time
+import logging
 from collections.abc import Iterable
-from dataclasses import dataclass
+
+import msgspec
+import redis
 
 from agent import protocol
 from inventory import shardversion
 from inventory.models import RUN_STATES, Deployment, Engine, ReplicaState, Shard
 from inventory.replicas import apply_reports, read_reports
+from nodes import loadstore
+
+log = logging.getLogger(__name__)
 
 # Engines listen on every address: Prometheus and clients reach them from elsewhere.
 LISTEN = "0.0.0.0"
 
+CACHE_PREFIX = "llmgw:nodeshards:"
+# Only a backstop for a version bump lost to a Redis outage; every node reading
+# the database this often costs a 10,000-node fleet about 30 queries a second.
+CACHE_TTL_SECONDS = 300
 
-@dataclass
-class _Cached:
+
+class _ReplicaName(msgspec.Struct, array_like=True):
+    replica_id: str
+
+
+class _ShardFacts(msgspec.Struct, array_like=True):
+    """What `read_reports` compares of a shard, as cached (the same attribute names as `Shard`)."""
+
+    shard_id: str
+    state: str
+    reason: str
+    metrics_port: int
+    replica: _ReplicaName
+
+
+class _Cached(msgspec.Struct, array_like=True):
     version: tuple[int, int]
-    read_at: float
-    shards: list[Shard]
+    shards: list[_ShardFacts]
     specs: list[protocol.ShardSpec]
 
 
-# Per process: each node's shards as last read, valid while the shard version stands still.
-_cache: dict[str, _Cached] = {}
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(_Cached)
+
+
+def cache_key(node_id: str) -> str:
+    return CACHE_PREFIX + node_id
 
 
 def forget() -> None:
     """Drop every cached shard list (tests start each case from the database)."""
-    _cache.clear()
+    try:
+        client = loadstore.client()
+        keys = list(client.scan_iter(match=CACHE_PREFIX + "*", count=1000))
+        if keys:
+            client.delete(*keys)
+    except redis.RedisError:
+        pass
+
+
+def from_cache(
+    node_id: str,
+    version: tuple[int, int],
+    raw: bytes | None,
+    reports: Iterable[protocol.ShardStatus] | None,
+) -> list[protocol.ShardSpec] | None:
+    """The cached shards if `raw` was stored under `version` and the reports change none of them; else None."""
+    if raw is None:
+        return None
+    try:
+        cached = _decoder.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    if tuple(cached.version) != version:
+        return None
+    if reports is not None and read_reports(node_id, cached.shards, reports):
+        return None
+    return cached.specs
 
 
 def sync_node(
@@ -41,20 +100,18 @@ def sync_node(
 ) -> list[protocol.ShardSpec]:
     """Apply the agent's shard reports (None: no report to apply), then return the shards it should run.
 
-    A heartbeat that changes nothing costs one Redis GET: the node's shards
-    are kept in memory until the shard version moves. Otherwise one query
-    reads them, and writes happen only for what a report changed. `use_cache`
+    With the cache current this costs one Redis round trip and no query.
+    Otherwise one query reads the node's shards, writes happen only for what a
+    report changed, and the result is cached for the next heartbeat. `use_cache`
     False (Redis is known to be down) goes to the database without asking Redis.
     """
-    version = shardversion.current(node_id) if use_cache else None
-    cached = _cache.get(node_id)
-    if (
-        cached is not None
-        and cached.version == version
-        and time.monotonic() - cached.read_at < shardversion.MAX_AGE
-        and (reports is None or not read_reports(node_id, cached.shards, reports))
-    ):
-        return cached.specs
+    version = None
+    if use_cache:
+        version, raw = _read_cache(node_id)
+        if version is not None:
+            specs = from_cache(node_id, version, raw, reports)
+            if specs is not None:
+                return specs
     shards = list(
         Shard.objects.filter(node_id=node_id, state__in=(*RUN_STATES, ReplicaState.RELEASING))
         .select_related("replica__deployment")
@@ -65,11 +122,33 @@ def sync_node(
     wanted = [s for s in shards if s.state in RUN_STATES and s.shard_id not in gone]
     leaders = _leaders([s.replica for s in wanted if s.replica.deployment.shards_per_replica > 1])
     specs = [shard_spec(s, leaders.get(s.replica_id, "")) for s in wanted]
-    if effects or version is None:
-        _cache.pop(node_id, None)
-    else:
-        _cache[node_id] = _Cached(version, time.monotonic(), shards, specs)
+    # After writing, the version has moved: the next heartbeat reads again.
+    if version is not None and not effects:
+        _store_cache(node_id, version, shards, specs)
     return specs
+
+
+def _read_cache(node_id: str) -> tuple[tuple[int, int] | None, bytes | None]:
+    try:
+        pipe = loadstore.client().pipeline(transaction=False)
+        shardversion.queue_read(pipe, node_id)
+        pipe.get(cache_key(node_id))
+        versions, raw = pipe.execute()
+    except redis.RedisError:
+        return None, None
+    return shardversion.parse(versions), raw
+
+
+def _store_cache(node_id: str, version: tuple[int, int], shards: list[Shard], specs: list[protocol.ShardSpec]) -> None:
+    facts = [
+        _ShardFacts(s.shard_id, s.state, s.reason, s.metrics_port, _ReplicaName(s.replica.replica_id)) for s in shards
+    ]
+    try:
+        loadstore.client().set(
+            cache_key(node_id), _encoder.encode(_Cached(version, facts, specs)), ex=CACHE_TTL_SECONDS
+        )
+    except redis.RedisError as exc:
+        log.warning("shards of %s not cached: %s", node_id, exc)
 
 
 def _leaders(replicas) -> dict[int, str]:

@@ -1,9 +1,9 @@
 """Counters in Redis that move whenever what a node's agent should run may have changed.
 
-Web workers keep each node's shard list in memory and read the database again
-only when that node's counter (or the counter of every node, moved when a
-deployment changes) has moved, or after `MAX_AGE`: an unchanged heartbeat
-costs one Redis round trip instead of a query, and a change on one node sends
+Each node's shard list is cached in Redis under the counters it was read at
+(`inventory.desired`) and read from the database again only when that node's
+counter (or the counter of every node, moved when a deployment changes) has
+moved: an unchanged heartbeat reads no row, and a change on one node sends
 only that node's agent back to the database.
 """
 
@@ -21,8 +21,6 @@ log = logging.getLogger(__name__)
 
 KEY = "llmgw:shards:versions"
 EVERY_NODE = "*"
-# A bump lost to a Redis outage is outlived by this.
-MAX_AGE = 30.0
 
 
 def bump(node_ids: Iterable[str | None] | None = None) -> None:
@@ -50,10 +48,11 @@ def _incr(fields: list[str]) -> None:
         log.warning("could not bump the shard versions: %s", exc)
 
 
-def current(node_id: str) -> tuple[int, int] | None:
-    """The node's counter and every node's, or None when Redis cannot say (then read the database)."""
-    try:
-        mine, everyone = loadstore.client().hmget(KEY, [node_id, EVERY_NODE])
-    except redis.RedisError:
-        return None
+def queue_read(pipe, node_id: str) -> None:
+    """Queue the read of the node's counter and every node's on a pipeline; `parse` reads the answer."""
+    pipe.hmget(KEY, [node_id, EVERY_NODE])
+
+
+def parse(answer) -> tuple[int, int]:
+    mine, everyone = answer
     return int(mine or 0), int(everyone or 0)

@@ -69,10 +69,15 @@ def encode(load: Load, received_at: float) -> bytes:
     return _encoder.encode(StoredLoad(received_at=received_at, load=load))
 
 
+def expiry_seconds() -> int:
+    """How long a stored load is kept: past this nobody may show it anyway."""
+    return max(int(settings.LLMGW_LOAD_MAX_AGE * 2), 1)
+
+
 def save(node_id: str, load: Load, received_at: float, pipe=None) -> None:
     """Store a node's load and its /metrics lines; both expire once nobody may show them."""
     target = pipe if pipe is not None else client().pipeline(transaction=False)
-    expiry = max(int(settings.LLMGW_LOAD_MAX_AGE * 2), 1)
+    expiry = expiry_seconds()
     target.set(key(node_id), encode(load, received_at), ex=expiry)
     target.set(lines_key(node_id), load_lines.render(node_id, load, received_at), ex=expiry)
     if pipe is None:

@@ -1,4 +1,4 @@
-"""Rate limits on the agent API, enforced before any view reads a byte of the body.
+"""Rate limits on the agent API.
 
 The counters live in Redis, so a limit holds across every gunicorn worker and
 every web machine: a per-process counter would let N workers accept N times
@@ -13,7 +13,11 @@ which is coarse but costs one round trip.
   one address, that address is refused outright for the rest of the minute,
   which makes guessing tokens pointless.
 
-The views refuse bodies over `protocol.MAX_BODY_BYTES` themselves
+The middleware below applies them to registration before the view reads a
+byte of the body. Heartbeats are checked in the round trip that admits them
+(`nodes/api/beatscript.py`), on the same counters: at 2,000 heartbeats a
+second, two more round trips each would cost more than the rest of the
+heartbeat. The views refuse bodies over `protocol.MAX_BODY_BYTES` themselves
 (`nodes/api/rejections.py`).
 
 A Redis outage lifts the rate limits rather than refusing every agent: the
@@ -24,7 +28,6 @@ be marked unreachable for the control plane's failure.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import time
 
@@ -43,9 +46,9 @@ WARN_EVERY_SECONDS = 30.0
 _last_warning = 0.0
 
 REGISTER = "/api/v1/register"
-HEARTBEAT = "/api/v1/heartbeat"
 WINDOW = 60
 PREFIX = "llmgw:limit:"
+TOO_MANY_REFUSED = "too many refused tokens from this address"
 
 
 def client_address(request: HttpRequest) -> str:
@@ -61,11 +64,6 @@ def client_address(request: HttpRequest) -> str:
         if len(forwarded) >= hops:
             return forwarded[-hops]
     return request.META.get("REMOTE_ADDR", "")
-
-
-def bearer_digest(request: HttpRequest) -> str:
-    _, _, token = request.headers.get("Authorization", "").partition(" ")
-    return hashlib.sha256(token.strip().encode()).hexdigest()[:32]
 
 
 def refusal(status: int, field: str, reason: str, retry_after: int | None = None) -> HttpResponse:
@@ -98,6 +96,12 @@ def reset_client() -> None:
     _client = None
 
 
+def window_key(name: str, now: float) -> tuple[str, int]:
+    """The counter of `name` for the minute `now` falls in, and the seconds left in that minute."""
+    window = int(now // WINDOW)
+    return f"{PREFIX}{name}:{window}", WINDOW - int(now % WINDOW)
+
+
 class Limiter:
     """Fixed-window counters in Redis."""
 
@@ -108,14 +112,9 @@ class Limiter:
     def client(self) -> redis.Redis:
         return self._client or default_client()
 
-    @staticmethod
-    def _key(name: str, now: float) -> tuple[str, int]:
-        window = int(now // WINDOW)
-        return f"{PREFIX}{name}:{window}", WINDOW - int(now % WINDOW)
-
     def hit(self, name: str, now: float | None = None) -> tuple[int, int]:
         """Count one hit; (hits in this window, seconds until it ends)."""
-        key, remaining = self._key(name, now if now is not None else time.time())
+        key, remaining = window_key(name, now if now is not None else time.time())
         pipe = self.client.pipeline(transaction=False)
         pipe.incr(key)
         pipe.expire(key, WINDOW + 1, nx=True)
@@ -123,19 +122,19 @@ class Limiter:
         return int(count), remaining
 
     def count(self, name: str, now: float | None = None) -> tuple[int, int]:
-        key, remaining = self._key(name, now if now is not None else time.time())
+        key, remaining = window_key(name, now if now is not None else time.time())
         return int(self.client.get(key) or 0), remaining
 
 
 class AgentAPILimitMiddleware:
-    """Applies the limits above to POST /api/v1/register and /api/v1/heartbeat only."""
+    """Applies the limits above to POST /api/v1/register only."""
 
     def __init__(self, get_response, limiter: Limiter | None = None):
         self.get_response = get_response
         self.limiter = limiter or Limiter()
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path not in (REGISTER, HEARTBEAT):
+        if request.path != REGISTER:
             return self.get_response(request)
         refused = self.check_rate(request)
         if refused is not None:
@@ -150,23 +149,24 @@ class AgentAPILimitMiddleware:
         try:
             failures, remaining = self.limiter.count(f"fail:{address}")
             if failures >= settings.LLMGW_AUTH_FAILURES_PER_MINUTE:
-                return refusal(429, "authorization", "too many refused tokens from this address", remaining)
-            if request.path == REGISTER:
-                hits, remaining = self.limiter.hit(f"register:{address}")
-                limit, what = settings.LLMGW_REGISTER_PER_MINUTE, "registrations from this address"
-            else:
-                hits, remaining = self.limiter.hit(f"heartbeat:{bearer_digest(request)}")
-                limit, what = settings.LLMGW_HEARTBEAT_PER_MINUTE, "heartbeats with this token"
+                return refusal(429, "authorization", TOO_MANY_REFUSED, remaining)
+            hits, remaining = self.limiter.hit(f"register:{address}")
         except redis.RedisError as exc:
             _warn_unlimited(exc)
             return None
+        limit = settings.LLMGW_REGISTER_PER_MINUTE
         if hits > limit:
-            return refusal(429, "rate", f"more than {limit} {what} per minute", remaining)
+            return refusal(429, "rate", f"more than {limit} registrations from this address per minute", remaining)
         return None
 
     def count_failure(self, request: HttpRequest) -> None:
-        with contextlib.suppress(redis.RedisError):
-            self.limiter.hit(f"fail:{client_address(request)}")
+        count_failure(client_address(request), self.limiter)
+
+
+def count_failure(address: str, limiter: Limiter | None = None) -> None:
+    """Count a refused credential against the address it came from."""
+    with contextlib.suppress(redis.RedisError):
+        (limiter or Limiter()).hit(f"fail:{address}")
 
 
 def _warn_unlimited(exc: Exception) -> None:

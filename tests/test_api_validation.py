@@ -279,11 +279,12 @@ def malformed_heartbeat(draw) -> tuple[bytes, str]:
 
 
 def _is_utf8(data: bytes) -> bool:
+    # Junk that decodes is not what this case is about: a backslash and an "r", say, is a valid JSON escape.
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return b'"' not in data and b"\\" not in data
+    return True
 
 
 def test_2000_generated_malformed_heartbeats_are_refused_naming_the_field_and_store_nothing(

@@ -1,4 +1,9 @@
-"""Rate and size limits on the agent API, counted in the real Redis so they hold across workers."""
+"""Rate limits on the agent API, counted in the real Redis so they hold across workers.
+
+Registration is limited by the middleware, tested here with a stand-in view;
+heartbeats are limited in the round trip that admits them, tested here and in
+test_security_agent_api.py through the real view.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,9 @@ from django.http import HttpResponse
 from django.test import RequestFactory
 
 from agent import protocol
-from nodes import ratelimit
-from nodes.ratelimit import HEARTBEAT, REGISTER, AgentAPILimitMiddleware, Limiter
+from nodes import loadstore, ratelimit
+from nodes.ratelimit import REGISTER, AgentAPILimitMiddleware, Limiter
+from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register
 
 
 class View:
@@ -63,37 +69,52 @@ def test_registration_is_limited_per_address_across_workers(limits):
     assert workers[1](post(REGISTER, address="10.0.0.2")).status_code == 201
 
 
-def test_heartbeats_are_limited_per_token(limits):
-    view = View(200)
-    middleware = AgentAPILimitMiddleware(view)
-    answers = [middleware(post(HEARTBEAT, token="node-a")).status_code for _ in range(7)]
+@pytest.mark.django_db
+def test_heartbeats_are_limited_per_token_whichever_worker_answers(limits, client, redis_client):
+    limits.LLMGW_JOIN_TOKEN = JOIN_TOKEN
+    token_a, token_b = register(client, "node-a"), register(client, "node-b")
+    answers = []
+    for i in range(7):
+        # A new client each time: what holds the count is Redis, not the process.
+        loadstore.reset_client()
+        answers.append(heartbeat(client, token_a, protocol.Heartbeat(load=a_load(float(i)))).status_code)
     assert answers == [200] * 5 + [429] * 2
     # The same address with another node's token is fine: nodes behind one NAT are many nodes.
-    assert middleware(post(HEARTBEAT, token="node-b")).status_code == 200
+    assert heartbeat(client, token_b, protocol.Heartbeat()).status_code == 200
 
 
-def test_tokens_are_never_stored_in_redis(limits, redis_client):
-    AgentAPILimitMiddleware(View())(post(HEARTBEAT, token="secret-node-token"))
-    keys = [key.decode() for key in redis_client.keys(ratelimit.PREFIX + "*")]
-    assert keys
-    assert not any("secret-node-token" in key for key in keys)
+@pytest.mark.django_db
+def test_no_token_or_secret_is_stored_in_redis(limits, client, redis_client):
+    limits.LLMGW_JOIN_TOKEN = JOIN_TOKEN
+    token = register(client, "node-a")
+    heartbeat(client, token, protocol.Heartbeat(load=a_load()))
+    heartbeat(client, "node-a.a-wrong-secret", protocol.Heartbeat())
+    secret = token.rpartition(".")[2]
+    keys = redis_client.keys("*")
+    assert any(key.startswith(ratelimit.PREFIX.encode()) for key in keys)
     for key in keys:
-        assert b"secret-node-token" not in (redis_client.get(key) or b"")
+        kind = redis_client.type(key)
+        values = [redis_client.get(key)] if kind == b"string" else []
+        if kind == b"hash":
+            values = [*redis_client.hkeys(key), *redis_client.hvals(key)]
+        for stored in [key, *values]:
+            assert secret.encode() not in stored and b"a-wrong-secret" not in stored, key
 
 
 def test_an_address_guessing_tokens_is_refused_for_the_minute(limits):
+    limits.LLMGW_REGISTER_PER_MINUTE = 100  # the guesses, not the registrations, must be what stops it
     refused_view = View(401)
     guessing = AgentAPILimitMiddleware(refused_view)
-    for i in range(4):
-        assert guessing(post(HEARTBEAT, token=f"guess-{i}")).status_code == 401
+    for _ in range(4):
+        assert guessing(post(REGISTER, token="guessed-join-token")).status_code == 401
     # From now on even the right token from that address gets no answer from the view.
     honest = View(200)
     middleware = AgentAPILimitMiddleware(honest)
-    response = middleware(post(HEARTBEAT, token="right"))
+    response = middleware(post(REGISTER, token="right"))
     assert response.status_code == 429
     assert protocol.decode(response.content, protocol.Rejection).field == "authorization"
     assert honest.calls == 0
-    assert middleware(post(HEARTBEAT, token="right", address="10.0.0.9")).status_code == 200
+    assert middleware(post(REGISTER, token="right", address="10.0.0.9")).status_code == 200
 
 
 def test_other_paths_are_not_counted(limits, redis_client):

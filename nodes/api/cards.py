@@ -22,7 +22,6 @@ the backstop for that case, and until then heartbeats go to the database anyway.
 from __future__ import annotations
 
 import logging
-from typing import NamedTuple
 
 import msgspec
 import redis
@@ -53,11 +52,6 @@ class NodeCard(msgspec.Struct, array_like=True):
     generation: int = 0
 
 
-class CardRead(NamedTuple):
-    card: NodeCard | None
-    generation: int
-
-
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(NodeCard)
 
@@ -70,17 +64,8 @@ def generation_key(node_id: str) -> str:
     return GENERATION_PREFIX + node_id
 
 
-def read(node_id: str) -> CardRead:
-    """The node's cached card if still current, and the current generation (raises redis errors)."""
-    raw_card, raw_generation = loadstore.client().mget([card_key(node_id), generation_key(node_id)])
-    generation = int(raw_generation or 0)
-    if raw_card is None:
-        return CardRead(None, generation)
-    try:
-        card = _decoder.decode(raw_card)
-    except msgspec.DecodeError:
-        return CardRead(None, generation)
-    return CardRead(card if card.generation == generation else None, generation)
+def decode(raw: bytes) -> NodeCard:
+    return _decoder.decode(raw)
 
 
 def from_database(node_id: str, generation: int = 0) -> NodeCard | None:

@@ -1,13 +1,12 @@
 """A heartbeat: which node sent it, and everything it changes.
 
-The ordinary heartbeat of a live node with an unchanged inventory costs three
-Redis round trips and no database access: one to read the node's card (see
-`cards`), one pipeline that notes the heartbeat time, stores the load and
-counts the heartbeat, and one to check that the node's cached shard list is
-current (`inventory.desired`). The database is written only when something changed:
-a new inventory, or a node coming back to life. While Redis is down the same
-heartbeat is answered from the database, its time written there directly and
-its load dropped.
+The ordinary heartbeat of a live node with an unchanged inventory costs one
+Redis round trip and no database access: `beatscript` admits it (limits,
+token), notes its time, stores its load, counts it and reads the node's shard
+list in one call. The database is written only when something changed: a new
+inventory, a node coming back to life, or an agent's report that moves a
+shard. While Redis is down the same heartbeat is answered from the database,
+its time written there directly and its load dropped.
 """
 
 from __future__ import annotations
@@ -25,10 +24,11 @@ from agent import protocol
 from inventory import desired, liveness
 from inventory.models import Liveness, Node, derive_state
 from inventory.registration import upsert_inventory
-from nodes import loadstore, selfmetrics
-from nodes.api import cards
+from nodes import loadstore, ratelimit, selfmetrics
+from nodes.api import beatscript, cards
 from nodes.api.cards import NodeCard
 from nodes.api.rejections import Rejected
+from nodes.metrics import loads as load_lines
 from nodes.models import digest_matches, split_token
 
 log = logging.getLogger(__name__)
@@ -48,25 +48,72 @@ class Caller:
     # The card came from Redis, current: no need to store it again.
     cached: bool
     redis_up: bool
+    # The beat script has already applied the heartbeat and read the node's shards.
+    applied: bool = False
+    shard_version: tuple[int, int] | None = None
+    cached_shards: bytes | None = None
 
 
-def authenticate(token: str) -> Caller:
-    """The node whose token this is, or a 401: nothing in the body can name another node."""
+def unauthorized(reason: str = "unknown or revoked node token") -> Rejected:
+    return Rejected(401, "Authorization", reason, "unauthorized")
+
+
+def authenticate(
+    token: str,
+    address: str,
+    received_at: float,
+    beat: protocol.Heartbeat | None = None,
+    started: float | None = None,
+) -> Caller:
+    """The node whose token this is, or a 401 or 429: nothing in the body can name another node.
+
+    With the heartbeat given, an ordinary one is applied in the same round trip
+    (`Caller.applied`); `started` is when handling began, for its handling time.
+    """
     node_id, secret = split_token(token)
     if len(node_id) > protocol.MAX_ID or not _NODE_ID.fullmatch(node_id):
-        raise Rejected(401, "Authorization", "not a node token", "unauthorized")
-    redis_up = True
+        raise unauthorized("not a node token")
+    load, increments = None, None
+    if beat is not None and beat.inventory is None:
+        if beat.load is not None:
+            load = beatscript.RenderedLoad(
+                loadstore.encode(beat.load, received_at), load_lines.render(node_id, beat.load, received_at)
+            )
+        increments = selfmetrics.heartbeat_fields("accepted", time.perf_counter() - (started or time.perf_counter()))
     try:
-        card, generation = cards.read(node_id)
+        verdict = beatscript.run(node_id, secret, token, address, received_at, increments is not None, load, increments)
     except redis.RedisError as exc:
         _warn_redis_down(exc)
-        card, generation, redis_up = None, 0, False
-    cached = card is not None
-    if card is None:
-        card = cards.from_database(node_id, generation)
+        return Caller(_card_from_database(node_id, secret), cached=False, redis_up=False)
+    match verdict.outcome:
+        case beatscript.LOCKED:
+            _, remaining = ratelimit.window_key("", received_at)
+            raise Rejected(429, "authorization", ratelimit.TOO_MANY_REFUSED, "rate_limited", remaining)
+        case beatscript.RATE:
+            _, remaining = ratelimit.window_key("", received_at)
+            limit = settings.LLMGW_HEARTBEAT_PER_MINUTE
+            reason = f"more than {limit} heartbeats with this token per minute"
+            raise Rejected(429, "rate", reason, "rate_limited", remaining)
+        case beatscript.UNAUTHORIZED:
+            raise unauthorized()
+        case beatscript.STALE:
+            card = _card_from_database(node_id, secret, verdict.generation)
+            return Caller(card, cached=False, redis_up=True)
+    return Caller(
+        verdict.card,
+        cached=True,
+        redis_up=True,
+        applied=verdict.outcome == beatscript.APPLIED,
+        shard_version=verdict.shard_version,
+        cached_shards=verdict.cached_shards,
+    )
+
+
+def _card_from_database(node_id: str, secret: str, generation: int = 0) -> NodeCard:
+    card = cards.from_database(node_id, generation)
     if card is None or not digest_matches(secret, card.secret_digest):
-        raise Rejected(401, "Authorization", "unknown or revoked node token", "unauthorized")
-    return Caller(card, cached, redis_up)
+        raise unauthorized()
+    return card
 
 
 def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: float, started: float):
@@ -77,6 +124,11 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
     handling began, for the handling-time histogram.
     """
     card = caller.card
+    if caller.applied:
+        specs = desired.from_cache(card.node_id, caller.shard_version, caller.cached_shards, beat.shards)
+        if specs is None:
+            specs = desired.sync_node(card.node_id, beat.shards)
+        return heartbeat_reply(card, beat, specs)
     at = datetime.fromtimestamp(received_at, UTC)
     store_card = not caller.cached
     if beat.inventory is not None:
@@ -89,7 +141,7 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
         # which makes every cached card of the node stale: this one is not stored.
         node = Node.objects.only("id", "liveness", "admin_state").filter(pk=card.node_id).first()
         if node is None:
-            raise Rejected(401, "Authorization", "unknown or revoked node token", "unauthorized")
+            raise unauthorized()
         liveness.touch(node, at)
         card.liveness, card.admin_state = node.liveness, node.admin_state
         store_card, written = False, True
@@ -109,10 +161,13 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
             _warn_redis_down(exc)
     if not written:
         liveness.touch(Node(pk=card.node_id, liveness=card.liveness), at)
-    return heartbeat_reply(card, beat, caller.redis_up)
+    specs = desired.sync_node(card.node_id, beat.shards, use_cache=caller.redis_up)
+    return heartbeat_reply(card, beat, specs)
 
 
-def heartbeat_reply(card: NodeCard, beat: protocol.Heartbeat, redis_up: bool = True) -> protocol.HeartbeatReply:
+def heartbeat_reply(
+    card: NodeCard, beat: protocol.Heartbeat, shards: list[protocol.ShardSpec]
+) -> protocol.HeartbeatReply:
     """What the node is told: its displayed state, when to beat next, whether to send its inventory,
     and exactly the shards it should run (placement decides them; the agent's reports of its
     shards move them through starting and running)."""
@@ -121,7 +176,7 @@ def heartbeat_reply(card: NodeCard, beat: protocol.Heartbeat, redis_up: bool = T
         heartbeat_interval=settings.LLMGW_HEARTBEAT_INTERVAL,
         # An empty hash claims nothing; a different one means the node has changed.
         inventory_wanted=beat.inventory is None and beat.inventory_hash not in ("", card.inventory_hash),
-        shards=desired.sync_node(card.node_id, beat.shards, use_cache=redis_up),
+        shards=shards,
     )
 
 

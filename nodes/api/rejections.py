@@ -24,17 +24,20 @@ _OPENERS = frozenset(b"[{")
 class Rejected(Exception):
     """A request refused; `outcome` is the short reason counted in the self-metrics."""
 
-    def __init__(self, status: int, field: str, reason: str, outcome: str):
+    def __init__(self, status: int, field: str, reason: str, outcome: str, retry_after: int | None = None):
         super().__init__(f"{field}: {reason}")
         self.status = status
         self.field = field
         self.reason = reason
         self.outcome = outcome
+        self.retry_after = retry_after
 
     def response(self) -> HttpResponse:
         response = json_response(protocol.Rejection(field=self.field, reason=self.reason), status=self.status)
         if self.status == 401:
             response["WWW-Authenticate"] = "Bearer"
+        if self.retry_after is not None:
+            response["Retry-After"] = str(self.retry_after)
         return response
 
 

@@ -11,6 +11,7 @@ from agent import protocol
 from nodes.api.heartbeats import authenticate, count_rejection, receive_heartbeat
 from nodes.api.registration import join_token_name, register_node
 from nodes.api.rejections import Rejected, bearer_token, decode, json_response, read_json_body
+from nodes.ratelimit import client_address, count_failure
 
 
 @csrf_exempt
@@ -30,12 +31,21 @@ def register(request: HttpRequest) -> HttpResponse:
 def heartbeat(request: HttpRequest) -> HttpResponse:
     started = time.perf_counter()
     received_at = time.time()
+    address = client_address(request)
     try:
         body = read_json_body(request)
-        caller = authenticate(bearer_token(request))
-        beat = decode(body, protocol.Heartbeat)
+        token = bearer_token(request)
+        try:
+            beat = decode(body, protocol.Heartbeat)
+        except Rejected:
+            # Only the node itself may learn what is wrong with its heartbeat.
+            authenticate(token, address, received_at)
+            raise
+        caller = authenticate(token, address, received_at, beat, started)
         reply = receive_heartbeat(caller, beat, received_at, started)
     except Rejected as rejection:
+        if rejection.status == 401:
+            count_failure(address)
         count_rejection(rejection.outcome, started)
         return rejection.response()
     return json_response(reply)

@@ -1,0 +1,61 @@
+-- An agent's heartbeat, admitted and (when it is an ordinary one) applied in one round trip.
+-- nodes/api/beatscript.py calls this and explains it; the key and argument order is its.
+--
+-- KEYS: 1 refused-token counter of the address, 2 heartbeat counter of the token,
+--       3 node card, 4 node generation, 5 heartbeat times (hash), 6 load, 7 load's /metrics lines,
+--       8 self-metrics (hash), 9 shard versions (hash), 10 node's cached shards
+-- ARGV: 1 refused tokens allowed, 2 heartbeats allowed, 3 counter expiry (s), 4 SHA-256 of the secret,
+--       5 node id, 6 arrival time, 7 "apply" or "check", 8 load, 9 load lines, 10 load expiry (s),
+--       11.. self-metric increments as field, amount pairs
+
+local refused = tonumber(redis.call('GET', KEYS[1]) or '0')
+if refused >= tonumber(ARGV[1]) then
+  return {'locked'}
+end
+local hits = redis.call('INCR', KEYS[2])
+if hits == 1 then
+  redis.call('EXPIRE', KEYS[2], ARGV[3])
+end
+if hits > tonumber(ARGV[2]) then
+  return {'rate'}
+end
+
+local raw = redis.call('GET', KEYS[3])
+local generation = tonumber(redis.call('GET', KEYS[4]) or '0')
+if not raw then
+  return {'stale', generation}
+end
+local decoded, card = pcall(cmsgpack.unpack, raw)
+-- A card is [node id, secret digest, liveness, admin state, inventory hash, generation].
+if not decoded or type(card) ~= 'table' or card[6] ~= generation then
+  return {'stale', generation}
+end
+
+-- Every byte is compared whatever the first difference, so the time taken tells
+-- nothing of how much of a guessed secret was right. A revoked card's digest is empty.
+local expected, given = card[2], ARGV[4]
+if type(expected) ~= 'string' or #expected == 0 or #expected ~= #given then
+  return {'unauthorized'}
+end
+local difference = 0
+for i = 1, #expected do
+  difference = bit.bor(difference, bit.bxor(string.byte(expected, i), string.byte(given, i)))
+end
+if difference ~= 0 then
+  return {'unauthorized'}
+end
+
+-- A node coming back to life, or a new inventory, is the database's business.
+if ARGV[7] ~= 'apply' or card[3] ~= 'alive' then
+  return {'card', raw}
+end
+redis.call('HSET', KEYS[5], ARGV[5], ARGV[6])
+if ARGV[8] ~= '' then
+  redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[10])
+  redis.call('SET', KEYS[7], ARGV[9], 'EX', ARGV[10])
+end
+for i = 11, #ARGV, 2 do
+  redis.call('HINCRBYFLOAT', KEYS[8], ARGV[i], ARGV[i + 1])
+end
+local versions = redis.call('HMGET', KEYS[9], ARGV[5], '*')
+return {'applied', raw, versions[1], versions[2], redis.call('GET', KEYS[10])}

@@ -1,0 +1,130 @@
+"""The ordinary heartbeat in one Redis round trip: one script admits it, applies it and reads what the reply needs.
+
+At 2,000 heartbeats a second, each Redis round trip costs the web workers more
+CPU than the rest of the heartbeat, so `beatscript.lua` does in one call what
+took five: refuse an address that has guessed too many tokens, count the
+token's heartbeats against its limit, read the node's card and check the
+secret against it (in constant time), and, for a live node sending no
+inventory, note the heartbeat's time, store its load, count it in the
+self-metrics and read the node's shard version and cached shard list.
+
+Whatever it cannot settle it hands back without writing anything: a card that
+is missing or stale (`stale`: the caller reads the database), a node coming
+back to life or a new inventory (`card`: the caller writes the database). Its
+counters use the same keys as `nodes.ratelimit`, so its limits are those of
+the rest of the agent API.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from inventory import desired, liveness, shardversion
+from nodes import loadstore, ratelimit, selfmetrics
+from nodes.api import cards
+from nodes.api.cards import NodeCard
+
+SOURCE = (Path(__file__).parent / "beatscript.lua").read_text()
+
+LOCKED = "locked"
+RATE = "rate"
+STALE = "stale"
+UNAUTHORIZED = "unauthorized"
+CARD = "card"
+APPLIED = "applied"
+
+
+@dataclass
+class RenderedLoad:
+    """A heartbeat's load as it is stored: encoded for the pages, rendered for /metrics."""
+
+    encoded: bytes
+    lines: bytes
+
+
+@dataclass
+class Verdict:
+    outcome: str
+    card: NodeCard | None = None
+    generation: int = 0
+    # Only when applied: the node's shard version and its cached shard list, if any.
+    shard_version: tuple[int, int] | None = None
+    cached_shards: bytes | None = None
+
+
+_script = None
+_script_client = None
+
+
+def _registered():
+    """The script, registered with the current client (which tests and outages replace)."""
+    global _script, _script_client
+    client = loadstore.client()
+    if _script is None or _script_client is not client:
+        # redis-py sends EVALSHA and falls back to EVAL when a restarted Redis has forgotten the script.
+        _script, _script_client = client.register_script(SOURCE), client
+    return _script
+
+
+def token_digest(token: str) -> str:
+    """The name a token's heartbeat counter goes by: never the token itself."""
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+def run(
+    node_id: str,
+    secret: str,
+    token: str,
+    address: str,
+    now: float,
+    apply: bool,
+    load: RenderedLoad | None = None,
+    metric_increments: dict[str, float] | None = None,
+) -> Verdict:
+    """Admit a heartbeat of `node_id` and, with `apply`, apply it if it is ordinary (raises redis errors)."""
+    fail_key, _ = ratelimit.window_key(f"fail:{address}", now)
+    rate_key, _ = ratelimit.window_key(f"heartbeat:{token_digest(token)}", now)
+    keys = [
+        fail_key,
+        rate_key,
+        cards.card_key(node_id),
+        cards.generation_key(node_id),
+        liveness.HEARTBEATS_KEY,
+        loadstore.key(node_id),
+        loadstore.lines_key(node_id),
+        selfmetrics.HASH,
+        shardversion.KEY,
+        desired.cache_key(node_id),
+    ]
+    args = [
+        settings.LLMGW_AUTH_FAILURES_PER_MINUTE,
+        settings.LLMGW_HEARTBEAT_PER_MINUTE,
+        ratelimit.WINDOW + 1,
+        hashlib.sha256(secret.encode()).hexdigest(),
+        node_id,
+        repr(now),
+        "apply" if apply else "check",
+        load.encoded if load else b"",
+        load.lines if load else b"",
+        loadstore.expiry_seconds(),
+    ]
+    for field, amount in (metric_increments or {}).items():
+        args += [field, amount]
+    answer = _registered()(keys=keys, args=args)
+    outcome = answer[0].decode()
+    if outcome == STALE:
+        return Verdict(outcome, generation=int(answer[1]))
+    if outcome == CARD:
+        return Verdict(outcome, card=cards.decode(answer[1]))
+    if outcome == APPLIED:
+        return Verdict(
+            outcome,
+            card=cards.decode(answer[1]),
+            shard_version=shardversion.parse(answer[2:4]),
+            cached_shards=answer[4],
+        )
+    return Verdict(outcome)
