@@ -6,7 +6,7 @@
 --       8 self-metrics (hash), 9 shard versions (hash), 10 node's cached shards
 -- ARGV: 1 refused tokens allowed, 2 heartbeats allowed, 3 counter expiry (s), 4 SHA-256 of the secret,
 --       5 node id, 6 arrival time, 7 "apply" or "check", 8 load, 9 load lines, 10 load expiry (s),
---       11.. self-metric increments as field, amount pairs
+--       11 a random salt, 12.. self-metric increments as field, amount pairs
 
 local refused = tonumber(redis.call('GET', KEYS[1]) or '0')
 if refused >= tonumber(ARGV[1]) then
@@ -31,17 +31,14 @@ if not decoded or type(card) ~= 'table' or card[6] ~= generation then
   return {'stale', generation}
 end
 
--- Every byte is compared whatever the first difference, so the time taken tells
--- nothing of how much of a guessed secret was right. A revoked card's digest is empty.
-local expected, given = card[2], ARGV[4]
-if type(expected) ~= 'string' or #expected == 0 or #expected ~= #given then
+-- The digests are compared through a hash salted afresh for every request, so how
+-- long the comparison takes depends on neither of them: a guesser learns nothing of
+-- how near it came. A revoked card's digest is empty.
+local expected, given, salt = card[2], ARGV[4], ARGV[11]
+if type(expected) ~= 'string' or #expected == 0 then
   return {'unauthorized'}
 end
-local difference = 0
-for i = 1, #expected do
-  difference = bit.bor(difference, bit.bxor(string.byte(expected, i), string.byte(given, i)))
-end
-if difference ~= 0 then
+if redis.sha1hex(salt .. expected) ~= redis.sha1hex(salt .. given) then
   return {'unauthorized'}
 end
 
@@ -54,7 +51,7 @@ if ARGV[8] ~= '' then
   redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[10])
   redis.call('SET', KEYS[7], ARGV[9], 'EX', ARGV[10])
 end
-for i = 11, #ARGV, 2 do
+for i = 12, #ARGV, 2 do
   redis.call('HINCRBYFLOAT', KEYS[8], ARGV[i], ARGV[i + 1])
 end
 local versions = redis.call('HMGET', KEYS[9], ARGV[5], '*')
