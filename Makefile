@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: run test test-postgres bench soak lint format sysdeps sysdeps-test screenshots clean
+.PHONY: run test test-postgres bench soak lint format sysdeps sysdeps-test sysdeps-bench screenshots clean
 
 $(BIN)/.installed: requirements.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV) || { \
@@ -17,13 +17,16 @@ sysdeps:
 sysdeps-test:
 	@scripts/system-packages --with-browser
 
+sysdeps-bench:
+	@scripts/system-packages --with-browser --with-bench
+
 run: $(BIN)/.installed sysdeps
 	$(BIN)/python scripts/stack.py
 
 test: $(BIN)/.installed sysdeps-test
 	$(BIN)/python -m pytest
 
-bench: $(BIN)/.installed sysdeps-test
+bench: $(BIN)/.installed sysdeps-bench
 	@for b in bench/*.py; do [ $$b = bench/soak.py ] && continue; echo "## $$b"; $(BIN)/python $$b || exit 1; done
 
 # 20 minutes, 2,000 simulated nodes, every fault; not part of `make bench` or `make test`
