@@ -48,7 +48,7 @@ from bench.soaklib import checks, report  # noqa: E402
 from bench.soaklib.fleet import Fleet  # noqa: E402
 from bench.soaklib.operator import AdminError, Operator  # noqa: E402
 from bench.soaklib.postgres import PrivatePostgres, SharedPostgres  # noqa: E402
-from scripts.stack import PYTHON, Part, Stack  # noqa: E402
+from scripts.stack import PYTHON, Part, Stack, default_workers  # noqa: E402
 from tests.services import free_port, wait_until  # noqa: E402
 
 PG_RESTART = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"]
@@ -71,7 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lost-after", type=float, default=300.0)
     parser.add_argument("--beat-period", type=float, default=5.0, help="seconds between stale-marking sweeps")
     parser.add_argument("--redis-outage", type=float, default=30.0, help="seconds Redis stays stopped")
-    parser.add_argument("--workers", type=int, default=3, help="gunicorn workers")
+    parser.add_argument(
+        "--workers", type=int, default=default_workers(), help="gunicorn workers (make run starts 2 × cores + 1)"
+    )
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/llmgw_soak")
     parser.add_argument("--postgres-restart", default=" ".join(PG_RESTART), help="command restarting PostgreSQL")
