@@ -10,11 +10,20 @@ into `Node.last_heartbeat` with a few bulk UPDATEs. The sweep flushes first, so
 it never judges a node by a time older than the one Redis holds. Changes of
 liveness still go straight to the database (`touch`), as does every heartbeat
 while Redis is down.
+
+When most of the fleet is unreachable at once (more than
+LLMGW_DISRUPTION_THRESHOLD of the nodes not lost, and at least two), the sweep
+marks no node lost: so many nodes falling silent together more likely means
+the fault is the control plane's own (slow or restarted) or the network's, and
+losing a node releases its replicas, which a heartbeat cannot undo. Marking
+nodes unreachable goes on, since it can. (Kubernetes' node lifecycle
+controller stops evicting in such a "full disruption" for the same reason.)
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
@@ -22,6 +31,7 @@ from itertools import islice
 import redis
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from inventory.models import RUN_STATES, Allocation, Liveness, Node, NodeEvent, ReplicaState, Shard
@@ -34,6 +44,13 @@ log = logging.getLogger(__name__)
 # heartbeat not yet written to the database.
 HEARTBEATS_KEY = "llmgw:liveness:heartbeats"
 FLUSH_BATCH = 500
+
+# A sweep holding back is logged at most this often per process, not on every sweep.
+HOLD_WARNING_EVERY_SECONDS = 60.0
+# One silent node is that node's own fault, whatever the size of the fleet: a
+# single-node cluster still loses its node.
+MIN_DISRUPTED_NODES = 2
+_last_hold_warning = float("-inf")
 
 
 def change_liveness(node_id: str, old: str, new: str, reason: str, at: datetime) -> bool:
@@ -134,10 +151,13 @@ class SweepResult:
     released_replicas: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     flushed: int = 0
+    # Nodes silent past LLMGW_LOST_AFTER left unreachable because most of the
+    # fleet was unreachable at once (0: the sweep did not hold back).
+    held: int = 0
 
 
 def mark_stale(now: datetime | None = None) -> SweepResult:
-    """Mark silent nodes unreachable, and long-silent ones lost.
+    """Mark silent nodes unreachable, and long-silent ones lost unless most of the fleet is unreachable.
 
     Heartbeat times held in Redis are flushed first. A node becoming lost has
     every replica with a shard on it released whole, since a replica fails
@@ -155,9 +175,22 @@ def mark_stale(now: datetime | None = None) -> SweepResult:
 
 
 def _sweep(now: datetime, result: SweepResult) -> None:
-    unreachable_before = now - timedelta(seconds=settings.LLMGW_UNREACHABLE_AFTER)
-    lost_before = now - timedelta(seconds=settings.LLMGW_LOST_AFTER)
+    _mark_unreachable(now, result)
+    gone = _silent_past_lost(now)
+    if not gone:
+        return
+    # Counted after the unreachable marking: nodes falling silent together in
+    # this sweep count as well as those unreachable before.
+    unreachable, present = _unreachable_and_present()
+    if disrupted(unreachable, present):
+        result.held = len(gone)
+        _warn_holding_back(len(gone), unreachable, present)
+        return
+    _mark_lost(gone, now, result)
 
+
+def _mark_unreachable(now: datetime, result: SweepResult) -> None:
+    unreachable_before = now - timedelta(seconds=settings.LLMGW_UNREACHABLE_AFTER)
     silent = Node.objects.filter(liveness=Liveness.ALIVE, last_heartbeat__lt=unreachable_before)
     for node_id in silent.values_list("pk", flat=True):
         try:
@@ -168,8 +201,15 @@ def _sweep(now: datetime, result: SweepResult) -> None:
             log.exception("marking node %s unreachable failed", node_id)
             result.failed.append(node_id)
 
+
+def _silent_past_lost(now: datetime) -> list[str]:
+    lost_before = now - timedelta(seconds=settings.LLMGW_LOST_AFTER)
     gone = Node.objects.filter(liveness=Liveness.UNREACHABLE, last_heartbeat__lt=lost_before)
-    for node_id in gone.values_list("pk", flat=True):
+    return list(gone.values_list("pk", flat=True))
+
+
+def _mark_lost(node_ids: list[str], now: datetime, result: SweepResult) -> None:
+    for node_id in node_ids:
         try:
             reason = f"no heartbeat for {settings.LLMGW_LOST_AFTER:g} s"
             with transaction.atomic():
@@ -179,6 +219,37 @@ def _sweep(now: datetime, result: SweepResult) -> None:
         except Exception:
             log.exception("marking node %s lost failed", node_id)
             result.failed.append(node_id)
+
+
+def disrupted(unreachable: int, present: int) -> bool:
+    """Whether so much of the fleet is unreachable that the fault is more likely not the nodes'.
+
+    `present` counts every node not lost, `unreachable` those of them unreachable.
+    """
+    return unreachable >= MIN_DISRUPTED_NODES and unreachable > settings.LLMGW_DISRUPTION_THRESHOLD * present
+
+
+def _unreachable_and_present() -> tuple[int, int]:
+    counts = Node.objects.exclude(liveness=Liveness.LOST).aggregate(
+        present=Count("pk"), unreachable=Count("pk", filter=Q(liveness=Liveness.UNREACHABLE))
+    )
+    return counts["unreachable"], counts["present"]
+
+
+def _warn_holding_back(held: int, unreachable: int, present: int) -> None:
+    global _last_hold_warning
+    now = time.monotonic()
+    if now - _last_hold_warning >= HOLD_WARNING_EVERY_SECONDS:
+        _last_hold_warning = now
+        log.warning(
+            "%d of %d nodes are unreachable (more than LLMGW_DISRUPTION_THRESHOLD=%g): none of the %d silent past "
+            "LLMGW_LOST_AFTER is marked lost, since the fault is more likely the control plane's or the network's; "
+            "they will be once fewer nodes are unreachable",
+            unreachable,
+            present,
+            settings.LLMGW_DISRUPTION_THRESHOLD,
+            held,
+        )
 
 
 def release_replicas_on(node_id: str, now: datetime | None = None) -> list[str]:

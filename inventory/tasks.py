@@ -24,8 +24,18 @@ def mark_stale() -> dict:
     flush task is scheduled.
     """
     result = sweep()
-    selfmetrics.record(selfmetrics.sweep_fields(len(result.unreachable), len(result.lost), len(result.failed)))
-    return {"flushed": result.flushed, "unreachable": result.unreachable, "lost": result.lost, "failed": result.failed}
+    selfmetrics.record(
+        selfmetrics.sweep_fields(
+            len(result.unreachable), len(result.lost), len(result.failed), held_back=result.held > 0
+        )
+    )
+    return {
+        "flushed": result.flushed,
+        "unreachable": result.unreachable,
+        "lost": result.lost,
+        "failed": result.failed,
+        "held": result.held,
+    }
 
 
 @shared_task(name="inventory.tasks.reconcile")

@@ -51,7 +51,7 @@ def env_int(name: str, default: int, minimum: int | None = None) -> int:
     return value
 
 
-def env_float(name: str, default: float, minimum: float = 0.0) -> float:
+def env_float(name: str, default: float, minimum: float = 0.0, maximum: float | None = None) -> float:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
@@ -61,6 +61,8 @@ def env_float(name: str, default: float, minimum: float = 0.0) -> float:
         raise EnvError(f"{name} must be a number, not {raw!r}") from None
     if not value >= minimum or value == float("inf"):
         raise EnvError(f"{name} must be a finite number of at least {minimum}, not {raw!r}")
+    if maximum is not None and value > maximum:
+        raise EnvError(f"{name} must be at most {maximum}, not {raw!r}")
     return value
 
 

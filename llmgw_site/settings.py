@@ -29,6 +29,9 @@ try:
     LLMGW_HEARTBEAT_INTERVAL = env_float("LLMGW_HEARTBEAT_INTERVAL", 5.0, minimum=0.1)
     LLMGW_UNREACHABLE_AFTER = env_float("LLMGW_UNREACHABLE_AFTER", 30.0, minimum=0.1)
     LLMGW_LOST_AFTER = env_float("LLMGW_LOST_AFTER", 300.0, minimum=0.1)
+    # The share of the fleet unreachable at once above which the sweep marks no node lost
+    # (inventory/liveness.py): then the fault is more likely ours or the network's.
+    LLMGW_DISRUPTION_THRESHOLD = env_float("LLMGW_DISRUPTION_THRESHOLD", 0.55, minimum=0.0, maximum=1.0)
     LLMGW_LOAD_MAX_AGE = env_float("LLMGW_LOAD_MAX_AGE", 60.0, minimum=0.1)
     LLMGW_BEAT_PERIOD = env_float("LLMGW_BEAT_PERIOD", 5.0, minimum=0.1)
     # Routes an empty view for bench/heartbeat.py's ceiling; never set in production.

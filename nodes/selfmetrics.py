@@ -41,9 +41,19 @@ def heartbeat_fields(outcome: str, seconds: float) -> dict[str, float]:
     return fields
 
 
-def sweep_fields(unreachable: int, lost: int, failed: int) -> dict[str, float]:
-    """The increments one run of the stale-marking task makes."""
-    return {"sweeps": 1, "swept:unreachable": unreachable, "swept:lost": lost, "swept:failed": failed}
+def sweep_fields(unreachable: int, lost: int, failed: int, held_back: bool = False) -> dict[str, float]:
+    """The increments one run of the stale-marking task makes.
+
+    `held_back`: it marked no node lost because most of the fleet was
+    unreachable; such a sweep counts once, however many nodes it held.
+    """
+    return {
+        "sweeps": 1,
+        "swept:unreachable": unreachable,
+        "swept:lost": lost,
+        "swept:failed": failed,
+        "swept:held": int(held_back),
+    }
 
 
 def add(pipe, fields: dict[str, float]) -> None:

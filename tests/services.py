@@ -1,11 +1,14 @@
-"""Real services for tests: free ports, a private redis-server, waiting with a deadline."""
+"""Real services for tests: free ports, a private redis-server, deadlines, Redis or the database cut off."""
 
 from __future__ import annotations
 
 import shutil
 import socket
+import sqlite3
 import subprocess
+import tempfile
 import time
+import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
@@ -91,3 +94,35 @@ def redis_unreachable(settings):
         yield
     finally:
         loadstore.reset_client()
+
+
+@contextmanager
+def database_unreachable():
+    """Point the default database connection where no database can be opened, for the duration of the block.
+
+    The driver fails for real: SQLite is given a file in a directory that does
+    not exist, PostgreSQL a port where nothing listens. Tests using it need
+    `django_db(transaction=True)`, since the connection is closed and opened again.
+    """
+    from django.db import connection
+
+    saved = dict(connection.settings_dict)
+    keeper = None
+    if connection.vendor == "sqlite":
+        if connection.is_in_memory_db():
+            # Closing the last connection to an in-memory database destroys it: hold another open meanwhile.
+            keeper = sqlite3.connect(saved["NAME"], uri=True)
+        missing_directory = Path(tempfile.gettempdir()) / f"llmgw-no-such-directory-{uuid.uuid4().hex}"
+        connection.settings_dict["NAME"] = str(missing_directory / "db.sqlite3")
+    else:
+        connection.settings_dict.update(HOST="127.0.0.1", PORT=str(free_port()))
+    connection.close()
+    try:
+        yield
+    finally:
+        connection.close()
+        connection.settings_dict.clear()
+        connection.settings_dict.update(saved)
+        connection.ensure_connection()
+        if keeper is not None:
+            keeper.close()

@@ -36,6 +36,14 @@ def test_env_int_and_float_refuse_garbage_naming_the_variable(monkeypatch):
         env_float("LLMGW_N", 1.0, minimum=0)
 
 
+def test_env_float_refuses_a_value_above_its_maximum_naming_the_variable(monkeypatch):
+    monkeypatch.setenv("LLMGW_SHARE", "1.5")
+    with pytest.raises(EnvError, match="LLMGW_SHARE must be at most 1"):
+        env_float("LLMGW_SHARE", 0.5, maximum=1.0)
+    monkeypatch.setenv("LLMGW_SHARE", "1")
+    assert env_float("LLMGW_SHARE", 0.5, maximum=1.0) == 1.0
+
+
 def test_secret_may_come_from_a_file(monkeypatch, tmp_path):
     secret = tmp_path / "key"
     secret.write_text("from-the-file\n")

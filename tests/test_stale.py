@@ -1,5 +1,6 @@
 """The stale-marking sweep, called as a function with the clock moved across each threshold."""
 
+import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,10 +21,12 @@ START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture(autouse=True)
-def _settings(settings, redis_client):
+def _settings(settings, redis_client, monkeypatch):
     settings.LLMGW_JOIN_TOKEN = JOIN_TOKEN
     settings.LLMGW_UNREACHABLE_AFTER = 30
     settings.LLMGW_LOST_AFTER = 300
+    settings.LLMGW_DISRUPTION_THRESHOLD = 0.55
+    monkeypatch.setattr(liveness, "_last_hold_warning", float("-inf"))
 
 
 @pytest.fixture
@@ -40,6 +43,16 @@ def tokens(client, clock):
     return tokens
 
 
+@pytest.fixture
+def whole_cluster_may_be_lost(settings):
+    """For tests of one node's thresholds that silence both nodes of `tokens`.
+
+    Both silent at once is a disruption of the whole cluster, in which the sweep
+    would mark neither lost (the tests of that rule are below).
+    """
+    settings.LLMGW_DISRUPTION_THRESHOLD = 1.0
+
+
 def liveness_of(node_id: str) -> str:
     return Node.objects.get(pk=node_id).liveness
 
@@ -48,7 +61,7 @@ def at(seconds: float) -> datetime:
     return START + timedelta(seconds=seconds)
 
 
-def test_a_silent_node_becomes_unreachable_after_30_s_then_lost_after_300_s(clock, tokens):
+def test_a_silent_node_becomes_unreachable_after_30_s_then_lost_after_300_s(clock, tokens, whole_cluster_may_be_lost):
     clock.move_to(at(29.9))
     assert liveness.mark_stale().unreachable == []
 
@@ -71,7 +84,7 @@ def test_a_silent_node_becomes_unreachable_after_30_s_then_lost_after_300_s(cloc
     assert Node.objects.get(pk="gpu-2").admin_state == AdminState.CORDONED
 
 
-def test_a_late_or_repeated_sweep_changes_nothing_twice(clock, tokens):
+def test_a_late_or_repeated_sweep_changes_nothing_twice(clock, tokens, whole_cluster_may_be_lost):
     clock.move_to(at(31))
     assert liveness.mark_stale().unreachable
     assert liveness.mark_stale().unreachable == []
@@ -102,7 +115,7 @@ def test_a_lost_node_frees_every_replica_with_a_shard_on_it_whole(client, clock,
     allocate(gpu_2, "r2-s0", "r2", [1])
     clock.move_to(at(31))
     liveness.mark_stale()
-    clock.move_to(at(250))
+    clock.move_to(at(280))  # recent enough that gpu-2 is alive at the next sweep
     reply_of(heartbeat(client, tokens["gpu-2"], protocol.Heartbeat()))
 
     clock.move_to(at(301))
@@ -144,7 +157,7 @@ def test_the_celery_task_flushes_sweeps_and_counts_its_runs(clock, tokens, redis
     assert selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))["sweeps"] == 1
 
 
-def test_a_heartbeat_after_the_sweep_revives_the_node_at_once(client, clock, tokens):
+def test_a_heartbeat_after_the_sweep_revives_the_node_at_once(client, clock, tokens, whole_cluster_may_be_lost):
     reply_of(heartbeat(client, tokens["gpu-2"], protocol.Heartbeat()))  # caches the card as alive
     clock.move_to(at(301))
     liveness.mark_stale()
@@ -169,3 +182,106 @@ def test_the_flush_writes_every_held_time_across_batches(redis_client):
     stored = dict(Node.objects.values_list("id", "last_heartbeat"))
     assert all(stored[node_id].timestamp() == at for node_id, at in arrived.items())
     assert not redis_client.exists(liveness.HEARTBEATS_KEY)
+
+
+# -- most of the fleet silent at once -------------------------------------------------------------
+
+
+@pytest.fixture
+def fleet(client, clock) -> dict[str, str]:
+    """Ten nodes, with a GPU each, that registered at START: name → token."""
+    return {f"n{i:02d}": register(client, f"n{i:02d}", gpus=1) for i in range(10)}
+
+
+def beat(client, fleet: dict[str, str], names: list[str]) -> None:
+    for name in names:
+        reply_of(heartbeat(client, fleet[name], protocol.Heartbeat()))
+
+
+def test_when_most_of_the_fleet_falls_silent_at_once_none_is_lost(client, clock, fleet, caplog):
+    names = sorted(fleet)
+    silent, live = names[:6], names[6:]
+    allocate(Node.objects.get(pk=silent[0]), "r1-s0", "r1", [0])
+    clock.move_to(at(280))
+    beat(client, fleet, live)
+
+    clock.move_to(at(301))
+    with caplog.at_level(logging.WARNING, logger="inventory.liveness"):
+        result = liveness.mark_stale()
+        clock.move_to(at(306))
+        beat(client, fleet, live)
+        again = liveness.mark_stale()
+
+    assert sorted(result.unreachable) == silent, "unreachable marking goes on"
+    assert (result.lost, result.held, result.released_replicas) == ([], 6, [])
+    assert {liveness_of(name) for name in silent} == {Liveness.UNREACHABLE}
+    assert Allocation.objects.filter(replica_id="r1").exists()
+    assert (again.lost, again.held) == ([], 6)
+    warnings = [r.getMessage() for r in caplog.records if r.name == "inventory.liveness"]
+    assert len(warnings) == 1, "at most once a minute"
+    assert "6 of 10 nodes are unreachable" in warnings[0]
+
+
+@pytest.mark.parametrize(
+    ("silent_count", "threshold", "held"),
+    [
+        (2, 0.55, False),
+        (5, 0.55, False),
+        (6, 0.55, True),
+        (5, 0.5, False),  # more than the threshold holds back, not as much
+        (6, 0.5, True),
+        (10, 1.0, False),  # 1 turns the rule off
+    ],
+)
+def test_the_sweep_holds_back_only_when_more_than_the_threshold_is_unreachable(
+    client, clock, fleet, settings, silent_count, threshold, held
+):
+    settings.LLMGW_DISRUPTION_THRESHOLD = threshold
+    names = sorted(fleet)
+    silent = names[:silent_count]
+    clock.move_to(at(280))
+    beat(client, fleet, names[silent_count:])
+
+    clock.move_to(at(301))
+    result = liveness.mark_stale()
+
+    assert result.held == (silent_count if held else 0)
+    assert sorted(result.lost) == ([] if held else silent)
+
+
+def test_once_the_fleet_recovers_the_node_still_silent_is_lost_on_the_next_sweep(client, clock, fleet):
+    names = sorted(fleet)
+    silent, live = names[:6], names[6:]
+    clock.move_to(at(280))
+    beat(client, fleet, live)
+    clock.move_to(at(301))
+    assert liveness.mark_stale().held == 6
+
+    clock.move_to(at(310))
+    beat(client, fleet, live + silent[:5])
+    result = liveness.mark_stale()
+
+    assert (result.lost, result.held) == ([silent[5]], 0)
+    assert liveness_of(silent[5]) == Liveness.LOST
+    assert {liveness_of(name) for name in silent[:5]} == {Liveness.ALIVE}
+
+
+def test_the_only_node_of_a_one_node_cluster_is_still_lost(client, clock):
+    register(client, "solo")
+    clock.move_to(at(301))
+
+    result = liveness.mark_stale()
+
+    assert (result.unreachable, result.lost, result.held) == (["solo"], ["solo"], 0)
+
+
+def test_the_celery_task_reports_and_counts_a_sweep_that_held_back(client, clock, fleet, redis_client):
+    clock.move_to(at(280))
+    beat(client, fleet, sorted(fleet)[6:])
+    clock.move_to(at(301))
+
+    summary = mark_stale_task()
+
+    assert (summary["lost"], summary["held"]) == ([], 6)
+    counters = selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))
+    assert (counters["swept:held"], counters["swept:lost"]) == (1, 0)

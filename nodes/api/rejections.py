@@ -1,7 +1,8 @@
 """Refusing a request: one exception, one JSON shape, and reading a body within bounds.
 
-Every refusal of the agent API is a 4xx whose body is a `protocol.Rejection`
-naming the field (a JSON path like `$.load.cpu_percent`, or a header) and why.
+Every refusal of the agent API is a 4xx, or a 503 while the database is down,
+whose body is a `protocol.Rejection` naming the field (a JSON path like
+`$.load.cpu_percent`, a header, or "database") and why.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class Rejected(Exception):
             response["WWW-Authenticate"] = "Bearer"
         if self.retry_after is not None:
             response["Retry-After"] = str(self.retry_after)
+        if self.status >= 500:
+            # Django would log each such response at ERROR as it leaves; whoever
+            # refuses with a 5xx logs it at its own pace (an outage: every 30 s).
+            response._has_been_logged = True
         return response
 
 

@@ -1,14 +1,20 @@
-"""The agent API's views: authenticate, validate, hand over. Nothing else happens here."""
+"""The agent API's views: authenticate, validate, hand over. Nothing else happens here.
+
+Whatever is refused, including a request that needed the database while it was
+down (nodes/api/outage.py), is answered with a `protocol.Rejection`.
+"""
 
 from __future__ import annotations
 
 import time
 
+from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from agent import protocol
-from nodes.api.heartbeats import authenticate, count_rejection, receive_heartbeat
+from nodes.api.heartbeats import Caller, authenticate, count_rejection, receive_heartbeat
+from nodes.api.outage import database_unavailable, is_outage
 from nodes.api.registration import join_token_name, register_node
 from nodes.api.rejections import Rejected, bearer_token, decode, json_response, read_json_body
 from nodes.ratelimit import client_address, count_failure
@@ -22,9 +28,13 @@ def register(request: HttpRequest) -> HttpResponse:
         if joined_with is None:
             raise Rejected(401, "Authorization", "unknown or revoked join token", "unauthorized")
         message = decode(body, protocol.Register)
+        return json_response(register_node(message, joined_with))
     except Rejected as rejection:
         return rejection.response()
-    return json_response(register_node(message, joined_with))
+    except DatabaseError as exc:
+        if not is_outage(exc):
+            raise
+        return database_unavailable(exc).response()
 
 
 @csrf_exempt
@@ -32,6 +42,7 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
     started = time.perf_counter()
     received_at = time.time()
     address = client_address(request)
+    caller: Caller | None = None
     try:
         body = read_json_body(request)
         token = bearer_token(request)
@@ -47,6 +58,14 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
         if rejection.status == 401:
             count_failure(address)
         count_rejection(rejection.outcome, started)
+        return rejection.response()
+    except DatabaseError as exc:
+        if not is_outage(exc):
+            raise
+        rejection = database_unavailable(exc)
+        # An applied heartbeat was counted as accepted in the round trip that applied it.
+        if caller is None or not caller.applied:
+            count_rejection(rejection.outcome, started)
         return rejection.response()
     return json_response(reply)
 

@@ -226,3 +226,6 @@ def self_families(counters: dict[str, float]) -> Iterator[Metric]:
     yield CounterMetricFamily(
         families.STALE_FAILURES.name, families.STALE_FAILURES.documentation, value=counters.get("swept:failed", 0)
     )
+    yield CounterMetricFamily(
+        families.STALE_HELD.name, families.STALE_HELD.documentation, value=counters.get("swept:held", 0)
+    )

@@ -70,7 +70,20 @@ HEARTBEAT_SECONDS = Family("llmgw_heartbeat_handling_seconds", "Time to handle o
 STALE_SWEEPS = Family("llmgw_stale_sweeps", "Runs of the stale-marking task.", "counter")
 NODES_MARKED = Family("llmgw_stale_nodes_marked", "Nodes the stale-marking task moved, by new liveness.", "counter")
 STALE_FAILURES = Family("llmgw_stale_sweep_failures", "Nodes the stale-marking task failed to mark.", "counter")
+STALE_HELD = Family(
+    "llmgw_stale_sweeps_held",
+    "Runs of the stale-marking task that marked no node lost because most of the fleet was unreachable at once.",
+    "counter",
+)
 
-SELF = (HEARTBEATS_ACCEPTED, HEARTBEATS_REJECTED, HEARTBEAT_SECONDS, STALE_SWEEPS, NODES_MARKED, STALE_FAILURES)
+SELF = (
+    HEARTBEATS_ACCEPTED,
+    HEARTBEATS_REJECTED,
+    HEARTBEAT_SECONDS,
+    STALE_SWEEPS,
+    NODES_MARKED,
+    STALE_FAILURES,
+    STALE_HELD,
+)
 
 ALL = (LOADSTORE_UP, *NODE_LOAD, *SHARD_LOAD, *INVENTORY, *SELF)
