@@ -23,7 +23,6 @@ controller stops evicting in such a "full disruption" for the same reason.)
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import islice
@@ -36,6 +35,7 @@ from django.utils import timezone
 
 from inventory.models import RUN_STATES, Allocation, Liveness, Node, NodeEvent, ReplicaState, Shard
 from inventory.replicas import fail_replicas
+from llmgw_site.logs import OccasionalWarning
 from nodes import loadstore
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,11 @@ log = logging.getLogger(__name__)
 HEARTBEATS_KEY = "llmgw:liveness:heartbeats"
 FLUSH_BATCH = 500
 
-# A sweep holding back is logged at most this often per process, not on every sweep.
-HOLD_WARNING_EVERY_SECONDS = 60.0
 # One silent node is that node's own fault, whatever the size of the fleet: a
 # single-node cluster still loses its node.
 MIN_DISRUPTED_NODES = 2
-_last_hold_warning = float("-inf")
+# A sweep holding back is logged at most once a minute per process, not on every sweep.
+warn_holding_back = OccasionalWarning(log, 60.0)
 
 
 def change_liveness(node_id: str, old: str, new: str, reason: str, at: datetime) -> bool:
@@ -237,19 +236,15 @@ def _unreachable_and_present() -> tuple[int, int]:
 
 
 def _warn_holding_back(held: int, unreachable: int, present: int) -> None:
-    global _last_hold_warning
-    now = time.monotonic()
-    if now - _last_hold_warning >= HOLD_WARNING_EVERY_SECONDS:
-        _last_hold_warning = now
-        log.warning(
-            "%d of %d nodes are unreachable (more than LLMGW_DISRUPTION_THRESHOLD=%g): none of the %d silent past "
-            "LLMGW_LOST_AFTER is marked lost, since the fault is more likely the control plane's or the network's; "
-            "they will be once fewer nodes are unreachable",
-            unreachable,
-            present,
-            settings.LLMGW_DISRUPTION_THRESHOLD,
-            held,
-        )
+    warn_holding_back(
+        "%d of %d nodes are unreachable (more than LLMGW_DISRUPTION_THRESHOLD=%g): none of the %d silent past "
+        "LLMGW_LOST_AFTER is marked lost, since the fault is more likely the control plane's or the network's; "
+        "they will be once fewer nodes are unreachable",
+        unreachable,
+        present,
+        settings.LLMGW_DISRUPTION_THRESHOLD,
+        held,
+    )
 
 
 def release_replicas_on(node_id: str, now: datetime | None = None) -> list[str]:

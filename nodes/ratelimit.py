@@ -38,12 +38,12 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from agent import protocol
+from llmgw_site.logs import OccasionalWarning
 
 log = logging.getLogger(__name__)
 
-# While Redis is down every agent request would log the same warning: say it once per this many seconds.
-WARN_EVERY_SECONDS = 30.0
-_last_warning = 0.0
+# While Redis is down every agent request would log the same warning: said once per 30 s.
+warn_unlimited = OccasionalWarning(log, 30.0)
 
 REGISTER = "/api/v1/register"
 WINDOW = 60
@@ -152,7 +152,7 @@ class AgentAPILimitMiddleware:
                 return refusal(429, "authorization", TOO_MANY_REFUSED, remaining)
             hits, remaining = self.limiter.hit(f"register:{address}")
         except redis.RedisError as exc:
-            _warn_unlimited(exc)
+            warn_unlimited("agent API limits not applied while Redis is unavailable: %s", exc)
             return None
         limit = settings.LLMGW_REGISTER_PER_MINUTE
         if hits > limit:
@@ -167,11 +167,3 @@ def count_failure(address: str, limiter: Limiter | None = None) -> None:
     """Count a refused credential against the address it came from."""
     with contextlib.suppress(redis.RedisError):
         (limiter or Limiter()).hit(f"fail:{address}")
-
-
-def _warn_unlimited(exc: Exception) -> None:
-    global _last_warning
-    now = time.monotonic()
-    if now - _last_warning >= WARN_EVERY_SECONDS:
-        _last_warning = now
-        log.warning("agent API limits not applied while Redis is unavailable: %s", exc)

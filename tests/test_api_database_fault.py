@@ -22,9 +22,9 @@ pytestmark = [pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture(autouse=True)
-def _join_token(settings, redis_client, monkeypatch):
+def _join_token(settings, redis_client):
     settings.LLMGW_JOIN_TOKEN = JOIN_TOKEN
-    monkeypatch.setattr(outage, "_last_warning", float("-inf"))
+    outage.warn_unavailable.reset()
 
 
 @pytest.fixture

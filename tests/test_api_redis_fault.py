@@ -26,7 +26,7 @@ def private_redis(settings, tmp_path):
     settings.REDIS_URL = server.url
     settings.LLMGW_JOIN_TOKEN = JOIN_TOKEN
     loadstore.reset_client()
-    heartbeats._last_redis_warning = 0.0
+    heartbeats._warn_redis_down.reset()
     yield server
     server.stop()
     loadstore.reset_client()

@@ -21,12 +21,12 @@ START = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture(autouse=True)
-def _settings(settings, redis_client, monkeypatch):
+def _settings(settings, redis_client):
     settings.LLMGW_JOIN_TOKEN = JOIN_TOKEN
     settings.LLMGW_UNREACHABLE_AFTER = 30
     settings.LLMGW_LOST_AFTER = 300
     settings.LLMGW_DISRUPTION_THRESHOLD = 0.55
-    monkeypatch.setattr(liveness, "_last_hold_warning", float("-inf"))
+    liveness.warn_holding_back.reset()
 
 
 @pytest.fixture

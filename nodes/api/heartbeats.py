@@ -24,6 +24,7 @@ from agent import protocol
 from inventory import desired, liveness
 from inventory.models import Liveness, Node, derive_state
 from inventory.registration import upsert_inventory
+from llmgw_site.logs import OccasionalWarning
 from nodes import loadstore, ratelimit, selfmetrics
 from nodes.api import beatscript, cards
 from nodes.api.cards import NodeCard
@@ -35,9 +36,9 @@ log = logging.getLogger(__name__)
 
 _NODE_ID = re.compile(protocol.NodeId.__metadata__[0].pattern)
 
-# Redis being down is logged at most this often per process, not once per heartbeat.
-REDIS_WARNING_EVERY_SECONDS = 30.0
-_last_redis_warning = 0.0
+# Redis being down is logged at most once per 30 s per process, not once per heartbeat.
+_warn_redis_down = OccasionalWarning(log, 30.0)
+REDIS_DOWN = "Redis unavailable, heartbeats go to the database and their loads are dropped: %s"
 
 
 @dataclass
@@ -83,7 +84,7 @@ def authenticate(
     try:
         verdict = beatscript.run(node_id, secret, token, address, received_at, increments is not None, load, increments)
     except redis.RedisError as exc:
-        _warn_redis_down(exc)
+        _warn_redis_down(REDIS_DOWN, exc)
         return Caller(_card_from_database(node_id, secret), cached=False, redis_up=False)
     match verdict.outcome:
         case beatscript.LOCKED:
@@ -158,7 +159,7 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
             pipe.execute()
             written = True
         except redis.RedisError as exc:
-            _warn_redis_down(exc)
+            _warn_redis_down(REDIS_DOWN, exc)
     if not written:
         liveness.touch(Node(pk=card.node_id, liveness=card.liveness), at)
     specs = desired.sync_node(card.node_id, beat.shards, use_cache=caller.redis_up)
@@ -182,11 +183,3 @@ def heartbeat_reply(
 
 def count_rejection(outcome: str, started: float) -> None:
     selfmetrics.record(selfmetrics.heartbeat_fields(outcome, time.perf_counter() - started))
-
-
-def _warn_redis_down(exc: Exception) -> None:
-    global _last_redis_warning
-    now = time.monotonic()
-    if now - _last_redis_warning >= REDIS_WARNING_EVERY_SECONDS:
-        _last_redis_warning = now
-        log.warning("Redis unavailable, heartbeats go to the database and their loads are dropped: %s", exc)

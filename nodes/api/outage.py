@@ -10,19 +10,18 @@ refused with a Retry-After until the database answers again.
 from __future__ import annotations
 
 import logging
-import time
 
 from django.db import DatabaseError, DataError, IntegrityError, connection
 
+from llmgw_site.logs import OccasionalWarning
 from nodes.api.rejections import Rejected
 
 log = logging.getLogger(__name__)
 
 # About one heartbeat interval: a restarting database is usually back within a few.
 RETRY_AFTER_SECONDS = 5
-# The outage is logged at most this often per process, not once per request.
-WARNING_EVERY_SECONDS = 30.0
-_last_warning = float("-inf")
+# The outage is logged at most once per 30 s per process, not once per request.
+warn_unavailable = OccasionalWarning(log, 30.0)
 
 
 def is_outage(exc: DatabaseError) -> bool:
@@ -42,7 +41,7 @@ def database_unavailable(exc: DatabaseError) -> Rejected:
     afresh rather than failing on the dead one.
     """
     _close_if_broken()
-    _warn(exc)
+    warn_unavailable("database unavailable, agent requests that need it are answered 503: %s", exc)
     return Rejected(
         503, "database", "the control plane's database is unavailable; retry later", "unavailable", RETRY_AFTER_SECONDS
     )
@@ -54,11 +53,3 @@ def _close_if_broken() -> None:
     # transaction the connection is its owner's to undo.
     if not connection.in_atomic_block:
         connection.close_if_unusable_or_obsolete()
-
-
-def _warn(exc: Exception) -> None:
-    global _last_warning
-    now = time.monotonic()
-    if now - _last_warning >= WARNING_EVERY_SECONDS:
-        _last_warning = now
-        log.warning("database unavailable, agent requests that need it are answered 503: %s", exc)
