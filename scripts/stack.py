@@ -106,6 +106,8 @@ class Stack:
                 f"127.0.0.1:{self.web_port}",
                 "--access-logfile",
                 "-",
+                "--logger-class",
+                "llmgw_site.gunicorn_logging.AccessLog",
                 "--graceful-timeout",
                 "5",
             ],
