@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import redis
 
@@ -73,6 +74,32 @@ def record(fields: dict[str, float]) -> None:
         pipe.execute()
     except redis.RedisError as exc:
         log.warning("self-metrics not recorded: %s", exc)
+
+
+class Tally:
+    """Increments this process holds and sends together, at most once every `every` seconds.
+
+    The ordinary heartbeat is counted here rather than in its own round trip:
+    at thousands of heartbeats a second that saves Redis four commands each,
+    for one round trip per worker per second. When heartbeats are a second or
+    more apart (a small fleet) each is sent at once. Counts lag by up to
+    `every` while heartbeats flow, and a worker that stops loses at most that
+    much of them.
+    """
+
+    def __init__(self, every: float = 1.0):
+        self.every = every
+        self.pending: dict[str, float] = {}
+        self.sent_at = float("-inf")
+
+    def add(self, fields: dict[str, float]) -> None:
+        for name, amount in fields.items():
+            self.pending[name] = self.pending.get(name, 0) + amount
+        now = time.monotonic()
+        if now - self.sent_at >= self.every:
+            self.sent_at = now
+            pending, self.pending = self.pending, {}
+            record(pending)
 
 
 def read(raw: dict[bytes, bytes]) -> dict[str, float]:

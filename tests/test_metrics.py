@@ -189,6 +189,23 @@ def test_the_control_planes_own_counters(client, db, redis_client):
     assert of(found, "llmgw_stale_sweeps_held_total") == 1
 
 
+def test_a_tally_sends_its_first_count_at_once_then_the_rest_together_once_per_period(client, db, redis_client):
+    tally = selfmetrics.Tally(every=3600)
+    tally.add(selfmetrics.heartbeat_fields("accepted", 0.002))
+    assert of(scrape(client), "llmgw_heartbeats_accepted_total") == 1
+    for seconds in (0.002, 0.004):
+        tally.add(selfmetrics.heartbeat_fields("accepted", seconds))
+    assert of(scrape(client), "llmgw_heartbeats_accepted_total") == 1, "held until the period is over"
+    tally.sent_at -= 3600
+    tally.add(selfmetrics.heartbeat_fields("accepted", 0.004))
+    found = scrape(client)
+    assert of(found, "llmgw_heartbeats_accepted_total") == 4
+    assert of(found, "llmgw_heartbeat_handling_seconds_count") == 4
+    assert of(found, "llmgw_heartbeat_handling_seconds_sum") == pytest.approx(0.012)
+    assert of(found, "llmgw_heartbeat_handling_seconds_bucket", le="0.0025") == 2
+    assert of(found, "llmgw_heartbeat_handling_seconds_bucket", le="0.005") == 4
+
+
 def test_the_stale_task_counts_its_runs(db, redis_client):
     from inventory.tasks import mark_stale
 

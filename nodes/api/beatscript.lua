@@ -3,10 +3,10 @@
 --
 -- KEYS: 1 refused-token counter of the address, 2 heartbeat counter of the token,
 --       3 node card, 4 node generation, 5 heartbeat times (hash), 6 load, 7 load's /metrics lines,
---       8 self-metrics (hash), 9 shard versions (hash), 10 node's cached shards
+--       8 shard versions (hash), 9 node's cached shards
 -- ARGV: 1 refused tokens allowed, 2 heartbeats allowed, 3 counter expiry (s), 4 SHA-256 of the secret,
 --       5 node id, 6 arrival time, 7 "apply" or "check", 8 load, 9 load lines, 10 load expiry (s),
---       11 a random salt, 12.. self-metric increments as field, amount pairs
+--       11 a random salt
 
 local refused = tonumber(redis.call('GET', KEYS[1]) or '0')
 if refused >= tonumber(ARGV[1]) then
@@ -51,8 +51,5 @@ if ARGV[8] ~= '' then
   redis.call('SET', KEYS[6], ARGV[8], 'EX', ARGV[10])
   redis.call('SET', KEYS[7], ARGV[9], 'EX', ARGV[10])
 end
-for i = 12, #ARGV, 2 do
-  redis.call('HINCRBYFLOAT', KEYS[8], ARGV[i], ARGV[i + 1])
-end
-local versions = redis.call('HMGET', KEYS[9], ARGV[5], '*')
-return {'applied', raw, versions[1], versions[2], redis.call('GET', KEYS[10])}
+local versions = redis.call('HMGET', KEYS[8], ARGV[5], '*')
+return {'applied', raw, versions[1], versions[2], redis.call('GET', KEYS[9])}

@@ -5,8 +5,8 @@ CPU than the rest of the heartbeat, so `beatscript.lua` does in one call what
 took five: refuse an address that has guessed too many tokens, count the
 token's heartbeats against its limit, read the node's card and check the
 secret against it (in constant time), and, for a live node sending no
-inventory, note the heartbeat's time, store its load, count it in the
-self-metrics and read the node's shard version and cached shard list.
+inventory, note the heartbeat's time, store its load and read the node's shard
+version and cached shard list.
 
 Whatever it cannot settle it hands back without writing anything: a card that
 is missing or stale (`stale`: the caller reads the database), a node coming
@@ -31,7 +31,7 @@ import redis
 from django.conf import settings
 
 from inventory import desired, liveness, shardversion
-from nodes import loadstore, ratelimit, selfmetrics
+from nodes import loadstore, ratelimit
 from nodes.api import cards
 from nodes.api.cards import NodeCard
 
@@ -116,7 +116,6 @@ def run(
     now: float,
     apply: bool,
     load: RenderedLoad | None = None,
-    metric_increments: dict[str, float] | None = None,
 ) -> Verdict:
     """Admit a heartbeat of `node_id` and, with `apply`, apply it if it is ordinary (raises redis errors)."""
     fail_key, _ = ratelimit.window_key(f"fail:{address}", now)
@@ -129,7 +128,6 @@ def run(
         liveness.HEARTBEATS_KEY,
         loadstore.key(node_id),
         loadstore.lines_key(node_id),
-        selfmetrics.HASH,
         shardversion.KEY,
         desired.cache_key(node_id),
     ]
@@ -146,8 +144,6 @@ def run(
         loadstore.expiry_seconds(),
         secrets.token_hex(8),
     ]
-    for field, amount in (metric_increments or {}).items():
-        args += [field, amount]
     answer = _connection.call(keys, args)
     outcome = answer[0].decode()
     if outcome == STALE:

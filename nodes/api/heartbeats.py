@@ -2,8 +2,9 @@
 
 The ordinary heartbeat of a live node with an unchanged inventory costs one
 Redis round trip and no database access: `beatscript` admits it (limits,
-token), notes its time, stores its load, counts it and reads the node's shard
-list in one call. The database is written only when something changed: a new
+token), notes its time, stores its load and reads the node's shard list in one
+call; its self-metrics go out with this process's others once a second
+(`selfmetrics.Tally`). The database is written only when something changed: a new
 inventory, a node coming back to life, or an agent's report that moves a
 shard. While Redis is down the same heartbeat is answered from the database,
 its time written there directly and its load dropped.
@@ -39,6 +40,8 @@ _NODE_ID = re.compile(protocol.NodeId.__metadata__[0].pattern)
 # Redis being down is logged at most once per 30 s per process, not once per heartbeat.
 _warn_redis_down = OccasionalWarning(log, 30.0)
 REDIS_DOWN = "Redis unavailable, heartbeats go to the database and their loads are dropped: %s"
+# This process's count of ordinary heartbeats, sent once a second.
+_tally = selfmetrics.Tally()
 
 
 @dataclass
@@ -64,25 +67,22 @@ def authenticate(
     address: str,
     received_at: float,
     beat: protocol.Heartbeat | None = None,
-    started: float | None = None,
 ) -> Caller:
     """The node whose token this is, or a 401 or 429: nothing in the body can name another node.
 
-    With the heartbeat given, an ordinary one is applied in the same round trip
-    (`Caller.applied`); `started` is when handling began, for its handling time.
+    With the heartbeat given, an ordinary one is applied in the same round trip (`Caller.applied`).
     """
     node_id, secret = split_token(token)
     if len(node_id) > protocol.MAX_ID or not _NODE_ID.fullmatch(node_id):
         raise unauthorized("not a node token")
-    load, increments = None, None
-    if beat is not None and beat.inventory is None:
-        if beat.load is not None:
-            load = beatscript.RenderedLoad(
-                loadstore.encode(beat.load, received_at), load_lines.render(node_id, beat.load, received_at)
-            )
-        increments = selfmetrics.heartbeat_fields("accepted", time.perf_counter() - (started or time.perf_counter()))
+    apply = beat is not None and beat.inventory is None
+    load = None
+    if apply and beat.load is not None:
+        load = beatscript.RenderedLoad(
+            loadstore.encode(beat.load, received_at), load_lines.render(node_id, beat.load, received_at)
+        )
     try:
-        verdict = beatscript.run(node_id, secret, token, address, received_at, increments is not None, load, increments)
+        verdict = beatscript.run(node_id, secret, token, address, received_at, apply, load)
     except redis.RedisError as exc:
         _warn_redis_down(REDIS_DOWN, exc)
         return Caller(_card_from_database(node_id, secret), cached=False, redis_up=False)
@@ -129,6 +129,7 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
         specs = desired.from_cache(card.node_id, caller.shard_version, caller.cached_shards, beat.shards)
         if specs is None:
             specs = desired.sync_node(card.node_id, beat.shards)
+        _tally.add(selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started))
         return heartbeat_reply(card, beat, specs)
     at = datetime.fromtimestamp(received_at, UTC)
     store_card = not caller.cached

@@ -13,7 +13,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from agent import protocol
-from nodes.api.heartbeats import Caller, authenticate, count_rejection, receive_heartbeat
+from nodes.api.heartbeats import authenticate, count_rejection, receive_heartbeat
 from nodes.api.outage import database_unavailable, is_outage
 from nodes.api.registration import join_token_name, register_node
 from nodes.api.rejections import Rejected, bearer_token, decode, json_response, read_json_body
@@ -42,7 +42,6 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
     started = time.perf_counter()
     received_at = time.time()
     address = client_address(request)
-    caller: Caller | None = None
     try:
         body = read_json_body(request)
         token = bearer_token(request)
@@ -52,7 +51,7 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
             # Only the node itself may learn what is wrong with its heartbeat.
             authenticate(token, address, received_at)
             raise
-        caller = authenticate(token, address, received_at, beat, started)
+        caller = authenticate(token, address, received_at, beat)
         reply = receive_heartbeat(caller, beat, received_at, started)
     except Rejected as rejection:
         if rejection.status == 401:
@@ -63,9 +62,7 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
         if not is_outage(exc):
             raise
         rejection = database_unavailable(exc)
-        # An applied heartbeat was counted as accepted in the round trip that applied it.
-        if caller is None or not caller.applied:
-            count_rejection(rejection.outcome, started)
+        count_rejection(rejection.outcome, started)
         return rejection.response()
     return json_response(reply)
 
