@@ -218,7 +218,8 @@ class Stack:
         self.manage("migrate", "--noinput", "-v0")
         self.manage("collectstatic", "--noinput", "-v0")
         password = secrets.token_urlsafe(12)
-        result = self.manage("ensure_admin", "--password", password, capture=True)
+        # One argument, not two: a password may begin with "-", which argparse would take for an option.
+        result = self.manage("ensure_admin", f"--password={password}", capture=True)
         return password if "created" in result.stdout else None
 
     def start_all(self) -> None:
