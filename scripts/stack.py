@@ -218,8 +218,7 @@ class Stack:
         self.manage("migrate", "--noinput", "-v0")
         self.manage("collectstatic", "--noinput", "-v0")
         password = secrets.token_urlsafe(12)
-        # One argument, not two: a password may begin with "-", which argparse would take for an option.
-        result = self.manage("ensure_admin", f"--password={password}", capture=True)
+        result = self.manage(*ensure_admin_arguments(password), capture=True)
         return password if "created" in result.stdout else None
 
     def start_all(self) -> None:
@@ -228,6 +227,11 @@ class Stack:
         self.start(self.celery_part())
         self.start(self.prometheus_part())
         self.start(self.agent_part())
+
+
+def ensure_admin_arguments(password: str) -> list[str]:
+    # The password as one argument, not two: one may begin with "-", which argparse would take for an option.
+    return ["ensure_admin", f"--password={password}"]
 
 
 def default_workers() -> int:

@@ -8,14 +8,16 @@ import pytest
 from django.contrib.auth import authenticate
 from django.core.management import call_command
 
+from scripts.stack import ensure_admin_arguments
+
 pytestmark = pytest.mark.django_db
 
 
 def test_a_password_beginning_with_a_dash_is_taken_as_the_password(settings, tmp_path):
-    # secrets.token_urlsafe begins with "-" one time in 64; scripts/stack.py passes it as one argument.
+    # secrets.token_urlsafe begins with "-" one time in 64.
     settings.VAR_DIR = tmp_path
     out = io.StringIO()
-    call_command("ensure_admin", "--password=-x7Qk2vR9pLm3", stdout=out)
+    call_command(*ensure_admin_arguments("-x7Qk2vR9pLm3"), stdout=out)
     assert out.getvalue().strip() == "created"
     assert authenticate(username="admin", password="-x7Qk2vR9pLm3") is not None
     assert (tmp_path / "admin-password").read_text() == "admin -x7Qk2vR9pLm3\n"
