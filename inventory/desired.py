@@ -96,7 +96,10 @@ def from_cache(
 
 
 def sync_node(
-    node_id: str, reports: Iterable[protocol.ShardStatus] | None = None, use_cache: bool = True
+    node_id: str,
+    reports: Iterable[protocol.ShardStatus] | None = None,
+    use_cache: bool = True,
+    version: tuple[int, int] | None = None,
 ) -> list[protocol.ShardSpec]:
     """Apply the agent's shard reports (None: no report to apply), then return the shards it should run.
 
@@ -104,9 +107,12 @@ def sync_node(
     Otherwise one query reads the node's shards, writes happen only for what a
     report changed, and the result is cached for the next heartbeat. `use_cache`
     False (Redis is known to be down) goes to the database without asking Redis.
+    `version` is the node's shard version when the caller has just read it and
+    found the cache of no use: the database is read at once, and cached under it.
     """
-    version = None
-    if use_cache:
+    if not use_cache:
+        version = None
+    elif version is None:
         version, raw = _read_cache(node_id)
         if version is not None:
             specs = from_cache(node_id, version, raw, reports)

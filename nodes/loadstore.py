@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from typing import NamedTuple
 
 import msgspec
 import redis
@@ -69,6 +70,17 @@ def encode(load: Load, received_at: float) -> bytes:
     return _encoder.encode(StoredLoad(received_at=received_at, load=load))
 
 
+class RenderedLoad(NamedTuple):
+    """A load as it is stored: encoded for the pages, rendered for /metrics."""
+
+    encoded: bytes
+    lines: bytes
+
+
+def render(node_id: str, load: Load, received_at: float) -> RenderedLoad:
+    return RenderedLoad(encode(load, received_at), load_lines.render(node_id, load, received_at))
+
+
 def expiry_seconds() -> int:
     """How long a stored load is kept: past this nobody may show it anyway."""
     return max(int(settings.LLMGW_LOAD_MAX_AGE * 2), 1)
@@ -78,8 +90,9 @@ def save(node_id: str, load: Load, received_at: float, pipe=None) -> None:
     """Store a node's load and its /metrics lines; both expire once nobody may show them."""
     target = pipe if pipe is not None else client().pipeline(transaction=False)
     expiry = expiry_seconds()
-    target.set(key(node_id), encode(load, received_at), ex=expiry)
-    target.set(lines_key(node_id), load_lines.render(node_id, load, received_at), ex=expiry)
+    rendered = render(node_id, load, received_at)
+    target.set(key(node_id), rendered.encoded, ex=expiry)
+    target.set(lines_key(node_id), rendered.lines, ex=expiry)
     if pipe is None:
         target.execute()
 

@@ -96,10 +96,14 @@ def reset_client() -> None:
     _client = None
 
 
-def window_key(name: str, now: float) -> tuple[str, int]:
-    """The counter of `name` for the minute `now` falls in, and the seconds left in that minute."""
-    window = int(now // WINDOW)
-    return f"{PREFIX}{name}:{window}", WINDOW - int(now % WINDOW)
+def window_key(name: str, now: float) -> str:
+    """The counter of `name` for the minute `now` falls in."""
+    return f"{PREFIX}{name}:{int(now // WINDOW)}"
+
+
+def seconds_left(now: float) -> int:
+    """Until the minute `now` falls in ends, and its counters with it."""
+    return WINDOW - int(now % WINDOW)
 
 
 class Limiter:
@@ -114,7 +118,8 @@ class Limiter:
 
     def hit(self, name: str, now: float | None = None) -> tuple[int, int]:
         """Count one hit; (hits in this window, seconds until it ends)."""
-        key, remaining = window_key(name, now if now is not None else time.time())
+        now = now if now is not None else time.time()
+        key, remaining = window_key(name, now), seconds_left(now)
         pipe = self.client.pipeline(transaction=False)
         pipe.incr(key)
         pipe.expire(key, WINDOW + 1, nx=True)
@@ -122,8 +127,8 @@ class Limiter:
         return int(count), remaining
 
     def count(self, name: str, now: float | None = None) -> tuple[int, int]:
-        key, remaining = window_key(name, now if now is not None else time.time())
-        return int(self.client.get(key) or 0), remaining
+        now = now if now is not None else time.time()
+        return int(self.client.get(window_key(name, now)) or 0), seconds_left(now)
 
 
 class AgentAPILimitMiddleware:

@@ -159,3 +159,22 @@ def test_heartbeats_are_counted_by_outcome(client, token, redis_client):
     assert counters["heartbeats:invalid"] == 1
     assert counters["heartbeats:unauthorized"] == 1
     assert counters["heartbeat_seconds:count"] == 3
+
+
+def test_placed_shards_reach_the_agent_and_its_reports_move_them(client, token, django_assert_num_queries):
+    from inventory.models import ReplicaState, Shard
+    from inventory.reconcile import reconcile
+    from tests.placement_fleet import deployment
+
+    reply_of(heartbeat(client, token, protocol.Heartbeat()))  # the card is cached from now on
+    deployment()
+    reconcile()
+    # Applied in Redis, its shard list read from the database and cached under the version the script saw.
+    (spec,) = reply_of(heartbeat(client, token, protocol.Heartbeat())).shards
+    assert spec.shard == Shard.objects.get().shard_id
+    running = [protocol.ShardStatus(shard=spec.shard, state="running", pid=42, metrics_port=9100)]
+    assert reply_of(heartbeat(client, token, protocol.Heartbeat(shards=running))).shards == [spec]
+    assert Shard.objects.get().state == ReplicaState.RUNNING
+    reply_of(heartbeat(client, token, protocol.Heartbeat(shards=running)))  # the report moved the version
+    with django_assert_num_queries(0):
+        assert reply_of(heartbeat(client, token, protocol.Heartbeat(shards=running))).shards == [spec]

@@ -16,6 +16,7 @@ import pytest
 import time_machine
 
 from agent import protocol
+from inventory.liveness import HEARTBEATS_KEY
 from inventory.models import Node
 from nodes import loadstore, ratelimit
 from nodes.models import NodeToken
@@ -64,17 +65,27 @@ def wrong_heartbeat_tokens(tokens: dict[str, str]) -> dict[str, str | None]:
     }
 
 
-def test_every_wrong_heartbeat_credential_is_refused_and_changes_nothing(client, tokens):
+@pytest.mark.parametrize("cards", ["not cached", "cached"])
+def test_every_wrong_heartbeat_credential_is_refused_and_changes_nothing(client, tokens, redis_client, cards):
+    if cards == "cached":
+        # Each node's card is then in Redis, and the beat script compares the secrets itself.
+        for token in tokens.values():
+            reply_of(heartbeat(client, token, protocol.Heartbeat(load=a_load(1.0))))
     before = Node.objects.get(pk="gpu-1").hostname
+    loads_before = loadstore.fetch(["gpu-1", "gpu-2", "gpu-9"])
+    times_before = redis_client.hgetall(HEARTBEATS_KEY)
     for name, token in wrong_heartbeat_tokens(tokens).items():
-        beat = protocol.Heartbeat(inventory=make_inventory("hijacked.example"), inventory_hash="x", load=a_load())
-        response = (
-            heartbeat(client, token, beat) if token is not None else post(client, "/api/v1/heartbeat", beat, None)
-        )
-        assert response.status_code == 401, name
-        assert response["WWW-Authenticate"] == "Bearer", name
+        inventory = protocol.Heartbeat(inventory=make_inventory("hijacked.example"), inventory_hash="x", load=a_load())
+        ordinary = protocol.Heartbeat(load=a_load(99.0))
+        for beat in (inventory, ordinary):
+            response = (
+                heartbeat(client, token, beat) if token is not None else post(client, "/api/v1/heartbeat", beat, None)
+            )
+            assert response.status_code == 401, name
+            assert response["WWW-Authenticate"] == "Bearer", name
     assert Node.objects.get(pk="gpu-1").hostname == before
-    assert loadstore.fetch(["gpu-1", "gpu-2", "gpu-9"]) == {}
+    assert loadstore.fetch(["gpu-1", "gpu-2", "gpu-9"]) == loads_before
+    assert redis_client.hgetall(HEARTBEATS_KEY) == times_before
 
 
 def test_refusals_do_not_tell_an_unknown_node_from_a_wrong_secret(client, tokens):
@@ -100,7 +111,11 @@ def test_registration_refuses_every_wrong_join_token(client, tokens, operator, k
     assert not Node.objects.filter(pk="intruder-1").exists()
 
 
-def test_a_revoked_node_token_and_a_replaced_one_are_refused(client, tokens):
+@pytest.mark.parametrize("cards", ["not cached", "cached"])
+def test_a_revoked_node_token_and_a_replaced_one_are_refused(client, tokens, cards):
+    if cards == "cached":
+        for token in tokens.values():
+            reply_of(heartbeat(client, token, protocol.Heartbeat(load=a_load())))
     NodeToken.objects.get(pk="gpu-1").revoke("operator")
     assert heartbeat(client, tokens["gpu-1"], protocol.Heartbeat(load=a_load())).status_code == 401
     old = tokens["gpu-2"]

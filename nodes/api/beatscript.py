@@ -47,14 +47,6 @@ APPLIED = "applied"
 
 
 @dataclass
-class RenderedLoad:
-    """A heartbeat's load as it is stored: encoded for the pages, rendered for /metrics."""
-
-    encoded: bytes
-    lines: bytes
-
-
-@dataclass
 class Verdict:
     outcome: str
     card: NodeCard | None = None
@@ -115,11 +107,11 @@ def run(
     address: str,
     now: float,
     apply: bool,
-    load: RenderedLoad | None = None,
+    load: loadstore.RenderedLoad | None = None,
 ) -> Verdict:
     """Admit a heartbeat of `node_id` and, with `apply`, apply it if it is ordinary (raises redis errors)."""
-    fail_key, _ = ratelimit.window_key(f"fail:{address}", now)
-    rate_key, _ = ratelimit.window_key(f"heartbeat:{token_digest(token)}", now)
+    fail_key = ratelimit.window_key(f"fail:{address}", now)
+    rate_key = ratelimit.window_key(f"heartbeat:{token_digest(token)}", now)
     keys = [
         fail_key,
         rate_key,

@@ -30,7 +30,6 @@ from nodes import loadstore, ratelimit, selfmetrics
 from nodes.api import beatscript, cards
 from nodes.api.cards import NodeCard
 from nodes.api.rejections import Rejected
-from nodes.metrics import loads as load_lines
 from nodes.models import digest_matches, split_token
 
 log = logging.getLogger(__name__)
@@ -76,11 +75,7 @@ def authenticate(
     if len(node_id) > protocol.MAX_ID or not _NODE_ID.fullmatch(node_id):
         raise unauthorized("not a node token")
     apply = beat is not None and beat.inventory is None
-    load = None
-    if apply and beat.load is not None:
-        load = beatscript.RenderedLoad(
-            loadstore.encode(beat.load, received_at), load_lines.render(node_id, beat.load, received_at)
-        )
+    load = loadstore.render(node_id, beat.load, received_at) if apply and beat.load is not None else None
     try:
         verdict = beatscript.run(node_id, secret, token, address, received_at, apply, load)
     except redis.RedisError as exc:
@@ -88,13 +83,12 @@ def authenticate(
         return Caller(_card_from_database(node_id, secret), cached=False, redis_up=False)
     match verdict.outcome:
         case beatscript.LOCKED:
-            _, remaining = ratelimit.window_key("", received_at)
+            remaining = ratelimit.seconds_left(received_at)
             raise Rejected(429, "authorization", ratelimit.TOO_MANY_REFUSED, "rate_limited", remaining)
         case beatscript.RATE:
-            _, remaining = ratelimit.window_key("", received_at)
             limit = settings.LLMGW_HEARTBEAT_PER_MINUTE
             reason = f"more than {limit} heartbeats with this token per minute"
-            raise Rejected(429, "rate", reason, "rate_limited", remaining)
+            raise Rejected(429, "rate", reason, "rate_limited", ratelimit.seconds_left(received_at))
         case beatscript.UNAUTHORIZED:
             raise unauthorized()
         case beatscript.STALE:
@@ -128,7 +122,7 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
     if caller.applied:
         specs = desired.from_cache(card.node_id, caller.shard_version, caller.cached_shards, beat.shards)
         if specs is None:
-            specs = desired.sync_node(card.node_id, beat.shards)
+            specs = desired.sync_node(card.node_id, beat.shards, version=caller.shard_version)
         _tally.add(selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started))
         return heartbeat_reply(card, beat, specs)
     at = datetime.fromtimestamp(received_at, UTC)
