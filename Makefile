@@ -21,20 +21,22 @@ sysdeps-bench:
 	@scripts/system-packages --with-browser --with-bench
 
 run: $(BIN)/.installed sysdeps
-	$(BIN)/python scripts/stack.py
+	$(BIN)/python -m devstack
 
 test: $(BIN)/.installed sysdeps-test
 	$(BIN)/python -m pytest
 
+# Every module in bench/ but the soak, each run as `python -m bench.NAME` from the repository root.
+BENCHES = $(filter-out __init__ soak,$(basename $(notdir $(wildcard bench/*.py))))
 bench: $(BIN)/.installed sysdeps-bench
-	@for b in bench/*.py; do [ $$b = bench/soak.py ] && continue; echo "## $$b"; $(BIN)/python $$b || exit 1; done
+	@for b in $(BENCHES); do echo "## bench.$$b"; $(BIN)/python -m bench.$$b || exit 1; done
 
 # 20 minutes, 2,000 simulated nodes, every fault; not part of `make bench` or `make test`
 # (tests/test_soak_short.py is). MINUTES=5 NODES=500 make soak for a shorter one.
 MINUTES ?= 20
 NODES ?= 2000
 soak: $(BIN)/.installed sysdeps-test
-	$(BIN)/python bench/soak.py --minutes $(MINUTES) --nodes $(NODES)
+	$(BIN)/python -m bench.soak --minutes $(MINUTES) --nodes $(NODES)
 
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
@@ -50,4 +52,4 @@ clean:
 # Photographs the pages of a demo stack it starts on free ports (or of a running
 # stack: make screenshots ARGS="--url http://127.0.0.1:8000").
 screenshots: $(BIN)/.installed sysdeps-test
-	$(BIN)/python scripts/screenshots.py $(ARGS)
+	$(BIN)/python -m scripts.screenshots $(ARGS)

@@ -10,7 +10,7 @@ import hashlib
 import re
 import socket
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 from urllib.parse import urlparse
 
 import msgspec
@@ -18,6 +18,7 @@ import yaml
 
 from agent import protocol
 from agent.engines import DEFAULT_PROBES, ENGINES
+from agent.shard_config import ShardConfig
 
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -40,17 +41,6 @@ class FabricConfig(_Strict):
         msgspec.Meta(min_length=1, max_length=protocol.MAX_HCAS),
     ]
     rate_gbps: Annotated[int, msgspec.Meta(ge=0, le=100_000)] | None = None
-
-
-class ShardConfig(_Strict):
-    shard: str
-    engine: Literal["vllm", "llama.cpp", "sglang", "command"]
-    model: str = ""
-    replica: str = ""
-    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
-    args: list[str] = []
-    command: list[str] = []
-    env: dict[str, str] = {}
 
 
 class Config(_Strict):

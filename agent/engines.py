@@ -8,10 +8,8 @@ sends finished commands, so these apply to the config's shards only.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from agent.config import ShardConfig
+from agent.shard_config import ShardConfig
 
 # What `engines` means when the config does not say: the binaries each engine installs.
 DEFAULT_PROBES: dict[str, str | list[str]] = {"vllm": "vllm", "llama.cpp": "llama-server"}

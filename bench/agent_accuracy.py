@@ -7,7 +7,7 @@ the usual rules: CPU % from the increase of `node_cpu_seconds_total` per mode (b
 DESIGN.md §4's busy/total split and the common `1 - idle` rule are shown), memory
 from `node_memory_MemAvailable_bytes`, load from `node_load1/5/15`.
 
-    python bench/agent_accuracy.py [--window SECONDS]
+    python -m bench.agent_accuracy [--window SECONDS]
 """
 
 from __future__ import annotations
@@ -18,11 +18,8 @@ import sys
 import time
 from collections import defaultdict
 
-from agent_cost import ROOT, NodeExporter, write_results
-
-sys.path.insert(0, str(ROOT))
-
 from agent.load import Sampler
+from bench.agent_cost import NodeExporter, write_results
 
 BUSY = ("user", "nice", "system", "irq", "softirq")
 NOT_BUSY = ("idle", "iowait", "steal")

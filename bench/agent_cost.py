@@ -6,7 +6,7 @@ plane in this process, while `prometheus-node-exporter` (Debian's package) is sc
 once a second. CPU is read from /proc/<pid>/task/*/schedstat (nanoseconds, all
 threads) around each agent heartbeat and each scrape; the medians are reported.
 
-    python bench/agent_cost.py
+    python -m bench.agent_cost
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+import psutil
+import requests
+
+from devstack.fakecp import FakeControlPlane
+from devstack.polling import wait_until
+from devstack.ports import free_port, port_open
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import psutil  # noqa: E402
-import requests  # noqa: E402
-
-from tests.agent.fakecp import FakeControlPlane  # noqa: E402
-from tests.services import free_port, port_open, wait_until  # noqa: E402
 
 GROUPS = 4
 PER_GROUP = 50

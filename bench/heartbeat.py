@@ -9,7 +9,7 @@ POST /api/v1/heartbeat and at an empty view routed only for this benchmark
 rounds, and the medians reported. wrk's own CPU time is reported too, to show it is
 not what limits the figures.
 
-    python bench/heartbeat.py [--nodes 10000] [--seconds 60] [--rounds 6] [--connections 32]
+    python -m bench.heartbeat [--nodes 10000] [--seconds 60] [--rounds 6] [--connections 32]
 
 The fleet size does not change what one heartbeat costs (a node's card is one
 Redis key), but it must be small enough that wrk's rotation reaches every node
@@ -41,12 +41,11 @@ from pathlib import Path
 import psutil
 import requests
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from agent import protocol
+from devstack.ports import free_port
+from devstack.stack import Stack, default_workers
 
-from agent import protocol  # noqa: E402
-from scripts.stack import Stack, default_workers  # noqa: E402
-from tests.services import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 DATABASE = "llmgw_bench_heartbeat"
 JOIN_TOKEN = "bench-join-token"

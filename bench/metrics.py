@@ -14,7 +14,7 @@ headers Prometheus sends, so it is gzipped and unpacked as Prometheus'.
 CPU seconds (the worker's, and prometheus_client's) are given beside wall
 seconds: on a machine shared with other work they move far less.
 
-Run alone: .venv/bin/python bench/metrics.py [--sizes 1000,10000] [--scrapes 15] [--database-url URL]
+Run alone: .venv/bin/python -m bench.metrics [--sizes 1000,10000] [--scrapes 15] [--database-url URL]
 Prints a Markdown table and writes bench/results/metrics.json.
 """
 
@@ -32,7 +32,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 TARGET_SECONDS = 1.0
 # What Prometheus 2.42 sends; prometheus_client answers it with OpenMetrics.
@@ -144,10 +143,10 @@ def prometheus_client_floor(text: str, runs: int) -> dict[str, tuple[float, floa
 def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dict]:
     import psutil
 
+    from devstack.ports import free_port
+    from devstack.stack import Stack
     from inventory.models import Node
-    from scripts.stack import Stack
     from tests import fleet
-    from tests.services import free_port
 
     Node.objects.all().delete()
     started = time.perf_counter()
@@ -227,7 +226,7 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    from tests.services import RedisServer
+    from devstack.redis_server import RedisServer
 
     if shutil.which("curl") is None:
         print("bench/metrics.py needs curl: apt-get install curl", file=sys.stderr)

@@ -1,6 +1,6 @@
 """Server time of the operator pages at 1,000 and 10,000 nodes.
 
-Runs alone: `python bench/pages.py`. It makes a SQLite database in a temporary
+Runs alone: `python -m bench.pages`. It makes a SQLite database in a temporary
 directory (or uses DATABASE_URL: its figures then go to pages-<vendor>.json),
 starts a private redis-server, fills a fleet in bulk (each node with 8 GPUs,
 two filesystems, an allocation and a fresh load), and times the cluster page, its htmx table partial and the node page
@@ -22,10 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from devstack.redis_server import RedisServer
 
-from tests.services import RedisServer  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 ROUNDS = 15
 WARMUP = 3

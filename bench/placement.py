@@ -1,6 +1,6 @@
 """Benchmark: one reconcile pass placing 1,000 replicas onto 10,000 nodes.
 
-Runs alone: `python bench/placement.py` (a temporary SQLite database), or with
+Runs alone: `python -m bench.placement` (a temporary SQLite database), or with
 `--database-url postgres://…` for PostgreSQL. The fleet mixes 8 × H100 nodes on
 three fabrics, 4 × A100 nodes and CPU nodes, some cordoned, draining,
 unreachable or lost; twenty deployments ask for single-GPU, whole-node,
@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 TARGET_SECONDS = 2.0
 REPEATS = 5

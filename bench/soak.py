@@ -1,10 +1,10 @@
 """Soak and chaos: the whole stack, a simulated fleet and a few real agents, through restarts and outages.
 
-    python bench/soak.py --minutes 20 --nodes 2000          # make soak
-    python bench/soak.py --minutes 2 --nodes 200 --private-postgres \\
+    python -m bench.soak --minutes 20 --nodes 2000          # make soak
+    python -m bench.soak --minutes 2 --nodes 200 --private-postgres \\
         --unreachable-after 10 --lost-after 40              # what tests/test_soak_short.py runs
 
-The stack starts as `make run` starts it (scripts/stack.py: its own Redis,
+The stack starts as `make run` starts it (devstack.stack: its own Redis,
 gunicorn, Celery worker with beat, Prometheus) on free ports in a temporary
 directory, with production settings (DEBUG off, as if behind TLS), on
 PostgreSQL. The simulated fleet speaks the real protocol (bench/soaklib/fleet.py);
@@ -38,18 +38,18 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
+import requests
+
+from bench.soaklib import checks, report
+from bench.soaklib.fleet import Fleet
+from bench.soaklib.operator import AdminError, Operator
+from bench.soaklib.postgres import PrivatePostgres, SharedPostgres
+from devstack.polling import wait_until
+from devstack.ports import free_port
+from devstack.stack import PYTHON, Part, Stack, default_workers
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import psutil  # noqa: E402
-import requests  # noqa: E402
-
-from bench.soaklib import checks, report  # noqa: E402
-from bench.soaklib.fleet import Fleet  # noqa: E402
-from bench.soaklib.operator import AdminError, Operator  # noqa: E402
-from bench.soaklib.postgres import PrivatePostgres, SharedPostgres  # noqa: E402
-from scripts.stack import PYTHON, Part, Stack, default_workers  # noqa: E402
-from tests.services import free_port, wait_until  # noqa: E402
 
 PG_RESTART = ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"]
 FAULTS = ("redis", "web", "postgres", "celery", "silence", "clock", "operator", "inventory", "replicas")

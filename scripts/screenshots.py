@@ -20,12 +20,11 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from devstack.chromium import CHROMIUM, CHROMIUM_ARGS
+from devstack.ports import free_port
+from devstack.stack import Stack
 
-from scripts.stack import Stack  # noqa: E402
-from tests.browser.conftest import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
-from tests.services import free_port  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "docs" / "screenshots"
 DEMO_NODE = "gpu-a03"

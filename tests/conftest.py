@@ -10,11 +10,11 @@ from django.conf import settings
 from django.utils import timezone
 
 from agent import protocol
+from devstack.redis_server import RedisServer
 from inventory import desired
 from inventory.models import AdminState, Liveness, Node
 from inventory.registration import upsert_inventory
 from nodes import loadstore
-from tests.services import RedisServer
 
 
 @pytest.fixture(scope="session")

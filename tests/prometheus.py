@@ -14,7 +14,8 @@ from pathlib import Path
 
 import requests
 
-from tests.services import free_port, port_open, wait_until
+from devstack.polling import wait_until
+from devstack.ports import free_port, port_open
 
 
 class ExpositionServer:

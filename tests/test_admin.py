@@ -7,9 +7,9 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import CHANGE, LogEntry
 
 from agent import protocol
+from devstack.faults import redis_unreachable
 from inventory.models import AdminState, Node, NodeEvent, gpu_class
 from nodes import loadstore
-from tests.services import redis_unreachable
 
 pytestmark = pytest.mark.django_db
 

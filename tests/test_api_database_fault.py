@@ -1,6 +1,6 @@
 """The database down during agent requests: 503 with Retry-After for what needs it, and working again once back.
 
-The driver fails for real (tests.services.database_unreachable), so these run
+The driver fails for real (devstack.faults.database_unreachable), so these run
 with transactions committed: the connection is closed and opened again.
 """
 
@@ -10,13 +10,13 @@ import pytest
 from django.db import connection, connections
 
 from agent import protocol
+from devstack.faults import database_unreachable
 from inventory import desired
 from inventory.models import Node
 from nodes import loadstore, selfmetrics
 from nodes.api import cards, outage
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post, register, reply_of
 from tests.conftest import make_inventory
-from tests.services import database_unreachable
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

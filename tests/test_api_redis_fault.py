@@ -7,6 +7,7 @@ import pytest
 from django.utils import timezone
 
 from agent import protocol
+from devstack.redis_server import RedisServer
 from inventory import liveness
 from inventory.models import Liveness, Node
 from nodes import loadstore
@@ -14,7 +15,6 @@ from nodes.api import heartbeats
 from nodes.models import NodeToken
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
 from tests.conftest import make_inventory
-from tests.services import RedisServer
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

@@ -13,10 +13,11 @@ import pytest
 import requests
 
 from agent import protocol
-from scripts.stack import Stack
+from devstack.polling import wait_until
+from devstack.ports import free_port
+from devstack.stack import Stack
 from tests.agentapi import JOIN_TOKEN
 from tests.conftest import make_inventory
-from tests.services import free_port, wait_until
 
 pytestmark = [pytest.mark.slow]
 

@@ -9,11 +9,11 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from agent import protocol
+from devstack.faults import redis_unreachable
 from inventory.desired import sync_node
 from inventory.models import Allocation, Deployment, Engine, GPUClaim, Node, Replica, ReplicaState, Shard
 from inventory.reconcile import reconcile
 from tests.placement_fleet import deployment, node
-from tests.services import redis_unreachable
 
 pytestmark = pytest.mark.django_db
 

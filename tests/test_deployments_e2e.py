@@ -11,8 +11,9 @@ import urllib.request
 import pytest
 import requests
 
-from scripts.stack import Stack
-from tests.services import free_port, wait_until
+from devstack.polling import wait_until
+from devstack.ports import free_port
+from devstack.stack import Stack
 
 pytestmark = pytest.mark.slow
 

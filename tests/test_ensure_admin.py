@@ -8,7 +8,7 @@ import pytest
 from django.contrib.auth import authenticate
 from django.core.management import call_command
 
-from scripts.stack import ensure_admin_arguments
+from devstack.stack import ensure_admin_arguments
 
 pytestmark = pytest.mark.django_db
 

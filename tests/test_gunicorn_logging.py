@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import requests
 
+from devstack.polling import wait_until
+from devstack.ports import free_port, port_open
 from llmgw_site.gunicorn_logging import worth_logging
-from tests.services import free_port, port_open, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 GUNICORN = Path(sys.executable).parent / "gunicorn"

@@ -1,6 +1,6 @@
 import pytest
 
-from tests.services import redis_unreachable
+from devstack.faults import redis_unreachable
 
 
 def test_healthz_answers_without_database(client):

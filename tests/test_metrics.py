@@ -9,12 +9,12 @@ import time_machine
 from django.test import Client
 
 from agent import protocol
+from devstack.faults import redis_unreachable
 from inventory.allocations import allocate
 from inventory.models import Filesystem, Node
 from nodes import loadstore, selfmetrics
 from tests.conftest import make_inventory
 from tests.metrics_scrape import TEXT, body, named, of, samples
-from tests.services import redis_unreachable
 
 pytestmark = pytest.mark.django_db
 

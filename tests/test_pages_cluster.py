@@ -10,13 +10,13 @@ from django.conf import settings
 from django.utils import timezone
 
 from agent.protocol import Load
+from devstack.faults import redis_unreachable
 from inventory.models import GPU, Node
 from inventory.registration import upsert_inventory
 from nodes import loadstore
 from nodes.views.summary import TOTALS_KEY, TOTALS_MAX_AGE
 from tests.conftest import make_inventory
 from tests.pages_fleet import make_fleet
-from tests.services import redis_unreachable
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 

@@ -12,6 +12,8 @@ from django.test import Client
 
 from agent import protocol
 from agent.protocol import Load, ShardLoad
+from devstack.faults import redis_unreachable
+from devstack.ports import free_port
 from inventory.models import REPLICA_COLOURS, AdminState, Allocation, GPUClaim, Node, NodeEvent, ReplicaState, Shard
 from inventory.reconcile import reconcile
 from inventory.registration import upsert_inventory
@@ -19,7 +21,6 @@ from nodes import loadstore
 from tests.conftest import make_inventory
 from tests.pages_fleet import make_fleet
 from tests.placement_fleet import deployment
-from tests.services import free_port, redis_unreachable
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 

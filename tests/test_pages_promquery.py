@@ -10,10 +10,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from devstack.polling import wait_until
+from devstack.ports import free_port
 from nodes import promquery
 from nodes.promquery import ChartSpec, PrometheusUnavailable
 from tests.prometheus import ExpositionServer, PrometheusServer
-from tests.services import free_port, wait_until
 
 
 def test_promql_string_escapes_quotes_and_backslashes():

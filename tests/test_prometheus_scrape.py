@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from agent import protocol
+from devstack.polling import wait_until
+from devstack.ports import free_port
 from inventory.allocations import allocate
 from nodes import loadstore
-from tests.services import free_port, wait_until
 
 PROMETHEUS = shutil.which("prometheus")
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "rules" / "llmgw.rules.yml"

@@ -7,8 +7,8 @@ import textwrap
 
 import pytest
 
-from scripts.stack import Stack
-from tests.services import wait_until
+from devstack.polling import wait_until
+from devstack.stack import Stack
 
 pytestmark = pytest.mark.slow
 

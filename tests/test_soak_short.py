@@ -1,6 +1,6 @@
 """The soak, short: 2 minutes, 200 simulated nodes and 2 real agents, every fault once.
 
-It runs bench/soak.py as `make soak` does, with a private PostgreSQL (so that
+It runs `python -m bench.soak` as `make soak` does, with a private PostgreSQL (so that
 restarting it disturbs nothing else on the machine) and thresholds scaled down
 to fit two minutes. Each check of the report is asserted on its own, so a
 failure names what went wrong.
@@ -23,7 +23,7 @@ def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("soak")
     command = [
         sys.executable,
-        str(ROOT / "bench" / "soak.py"),
+        "-m", "bench.soak",
         "--minutes", "2",
         "--nodes", "200",
         "--agents", "2",

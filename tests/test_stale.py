@@ -7,13 +7,13 @@ import pytest
 import time_machine
 
 from agent import protocol
+from devstack.faults import redis_unreachable
 from inventory import liveness
 from inventory.allocations import allocate
 from inventory.models import AdminState, Allocation, Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
 from nodes import selfmetrics
 from tests.agentapi import JOIN_TOKEN, heartbeat, register, reply_of
-from tests.services import redis_unreachable
 
 pytestmark = [pytest.mark.django_db]
 

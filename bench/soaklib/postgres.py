@@ -20,7 +20,8 @@ from urllib.parse import urlparse
 import psycopg
 from psycopg import sql
 
-from tests.services import free_port, port_open, wait_until
+from devstack.polling import wait_until
+from devstack.ports import free_port, port_open
 
 
 def recreate_database(url: str) -> None:

@@ -7,9 +7,8 @@ import pytest
 from agent import config as agent_config
 from agent.loop import Agent, Tuning
 from agent.procfs import REAL, Roots
-from tests.agent.fakecp import FakeControlPlane
+from devstack.fakecp import FakeControlPlane
 
-# Production timings shrunk so that backoffs and timeouts cost milliseconds.
 FAST = Tuning(
     backoff_base=0.001,
     backoff_cap=0.01,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from devstack.polling import wait_until
 from tests.agent.test_runner import group_members
-from tests.services import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 

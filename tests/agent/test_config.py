@@ -197,7 +197,7 @@ def test_a_bad_config_exits_2_with_one_line_and_no_traceback(tmp_path):
 def test_the_config_setup_demo_writes_for_make_run_loads(tmp_path):
     from django.core.management import call_command
 
-    (tmp_path / "join-token").write_text("demo-join")  # scripts/stack.py writes it before the agent starts
+    (tmp_path / "join-token").write_text("demo-join")  # devstack.stack writes it before the agent starts
     call_command("setup_demo", var_dir=str(tmp_path), control_plane="http://127.0.0.1:8123", stdout=io.StringIO())
     config = agent_config.load(tmp_path / "agent.yaml")
     assert config.control_plane == "http://127.0.0.1:8123"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.services import free_port, port_open, wait_until
+from devstack.polling import wait_until
+from devstack.ports import free_port, port_open
 
 ROOT = Path(__file__).resolve().parents[2]
 

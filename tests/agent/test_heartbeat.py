@@ -11,8 +11,8 @@ from agent import protocol
 from agent.client import TokenStore
 from agent.loop import Tuning
 from agent.procfs import Roots
+from devstack.polling import wait_until
 from tests.agent.conftest import FAST
-from tests.services import wait_until
 
 
 def test_registers_stores_the_token_0600_and_heartbeats(plane, make_agent, tmp_path):

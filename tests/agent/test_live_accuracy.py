@@ -12,7 +12,8 @@ import requests
 from agent import protocol
 from agent.load import Sampler
 from agent.runner import Runner
-from tests.services import free_port, port_open, wait_until
+from devstack.polling import wait_until
+from devstack.ports import free_port, port_open
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # A parent that starts a child burning one core, then waits on it: two processes, one group.

@@ -9,8 +9,8 @@ import psutil
 import pytest
 
 from agent.loop import Agent, Tuning
+from devstack.polling import wait_until
 from tests.agent.conftest import FAST
-from tests.services import wait_until
 
 MiB = 2**20
 

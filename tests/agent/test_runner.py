@@ -11,9 +11,8 @@ import pytest
 from agent import leftovers, protocol
 from agent import runner as runner_module
 from agent.runner import Runner
-from tests.services import wait_until
+from devstack.polling import wait_until
 
-# A leader that forks a child into its group, then waits.
 FAMILY = "sleep 60 & sleep 60 & wait"
 # A leader that ignores SIGTERM (and so does its child).
 STUBBORN = "trap '' TERM; sleep 60 & wait; sleep 60"
@@ -164,7 +163,7 @@ def test_output_goes_to_the_shard_log(runner, tmp_path):
 
 
 def test_starting_until_the_port_answers(runner, tmp_path):
-    from tests.services import free_port
+    from devstack.ports import free_port
 
     port = free_port()
     server = f"{sys.executable} -m http.server --bind 127.0.0.1 {port}"

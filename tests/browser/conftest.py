@@ -10,16 +10,7 @@ import shutil
 
 import pytest
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
+from devstack.chromium import CHROMIUM, CHROMIUM_ARGS
 
 
 @pytest.fixture(scope="module")

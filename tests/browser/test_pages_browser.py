@@ -10,13 +10,13 @@ from django.utils import timezone
 
 from agent import protocol
 from agent.protocol import Load, ShardLoad
+from devstack.polling import wait_until
 from inventory.liveness import change_liveness
 from inventory.models import Allocation, GPUClaim, Liveness
 from nodes import loadstore
 from tests.browser.conftest import log_in
 from tests.conftest import make_inventory
 from tests.prometheus import ExpositionServer, PrometheusServer
-from tests.services import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

@@ -1,6 +1,6 @@
-"""Start the whole llmgw stack on this machine, and stop it on Ctrl-C.
+"""The whole llmgw stack as named processes: Redis, gunicorn, Celery worker and beat, Prometheus, an agent.
 
-`make run` calls this. Each part is a named process with its log under
+`make run` (`python -m devstack`) starts them all. Each part has its log under
 var/log/, so tests, benchmarks and the soak can start, kill and restart parts
 one by one through the same `Stack`.
 """
@@ -13,17 +13,15 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from devstack.polling import wait_until
+from devstack.ports import port_open
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from tests.services import port_open, wait_until  # noqa: E402
-
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
 BIN = Path(PYTHON).parent
 
@@ -242,62 +240,3 @@ def default_workers() -> int:
 def redis_answers(url: str) -> bool:
     parsed = urlparse(url)
     return port_open(parsed.port or 6379, parsed.hostname or "127.0.0.1")
-
-
-def main() -> int:
-    var = Path(os.environ.get("LLMGW_VAR_DIR", ROOT / "var"))
-    stack = Stack(var)
-    stopping = False
-
-    def on_signal(signum, frame):
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-    try:
-        redis = stack.redis_part()
-        stack.start(redis)
-        password = stack.prepare()
-        stack.start(stack.web_part())
-        stack.start(stack.celery_part())
-        stack.start(stack.prometheus_part())
-        stack.manage("setup_demo", "--var-dir", str(var), capture=True)
-        stack.start(stack.agent_part())
-    except Exception as exc:
-        print(f"llmgw: could not start: {exc}", file=sys.stderr)
-        stack.stop_all()
-        return 1
-
-    base = f"http://127.0.0.1:{stack.web_port}"
-    print()
-    print("llmgw is running:")
-    print(f"  cluster page   {base}/")
-    print(f"  admin          {base}/admin/")
-    print(f"  fleet metrics  {base}/metrics")
-    if "prometheus" in stack.parts:
-        print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
-    print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))
-    print(f"  logs           {stack.logs}/")
-    if password:
-        print(f"  admin user     admin / {password}   (shown once; kept in {var / 'admin-password'})")
-    else:
-        print("  admin user     exists already (password in var/admin-password if make run created it)")
-    print("Ctrl-C stops everything.")
-    sys.stdout.flush()
-    while not stopping:
-        for part in stack.parts.values():
-            if part.process.poll() is not None:
-                print(
-                    f"llmgw: {part.name} exited with {part.process.returncode}; see {stack.logs / part.name}.log",
-                    file=sys.stderr,
-                )
-                stopping = True
-        time.sleep(0.5)
-    print("\nstopping…")
-    stack.stop_all()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

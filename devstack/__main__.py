@@ -1,0 +1,70 @@
+"""`make run`: start the whole stack on this machine, say where to look, and stop it all on Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from devstack.stack import ROOT, Stack
+
+
+def main() -> int:
+    var = Path(os.environ.get("LLMGW_VAR_DIR", ROOT / "var"))
+    stack = Stack(var)
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        redis = stack.redis_part()
+        stack.start(redis)
+        password = stack.prepare()
+        stack.start(stack.web_part())
+        stack.start(stack.celery_part())
+        stack.start(stack.prometheus_part())
+        stack.manage("setup_demo", "--var-dir", str(var), capture=True)
+        stack.start(stack.agent_part())
+    except Exception as exc:
+        print(f"llmgw: could not start: {exc}", file=sys.stderr)
+        stack.stop_all()
+        return 1
+
+    base = f"http://127.0.0.1:{stack.web_port}"
+    print()
+    print("llmgw is running:")
+    print(f"  cluster page   {base}/")
+    print(f"  admin          {base}/admin/")
+    print(f"  fleet metrics  {base}/metrics")
+    if "prometheus" in stack.parts:
+        print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
+    print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))
+    print(f"  logs           {stack.logs}/")
+    if password:
+        print(f"  admin user     admin / {password}   (shown once; kept in {var / 'admin-password'})")
+    else:
+        print("  admin user     exists already (password in var/admin-password if make run created it)")
+    print("Ctrl-C stops everything.")
+    sys.stdout.flush()
+    while not stopping:
+        for part in stack.parts.values():
+            if part.process.poll() is not None:
+                print(
+                    f"llmgw: {part.name} exited with {part.process.returncode}; see {stack.logs / part.name}.log",
+                    file=sys.stderr,
+                )
+                stopping = True
+        time.sleep(0.5)
+    print("\nstopping…")
+    stack.stop_all()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
