@@ -86,14 +86,14 @@ class RedisServer:
 @contextmanager
 def redis_unreachable(settings):
     """Point the control plane at a port where no Redis answers, for the duration of the block."""
-    from nodes import loadstore
+    import livestate
 
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    loadstore.reset_client()
+    livestate.reset_client()
     try:
         yield
     finally:
-        loadstore.reset_client()
+        livestate.reset_client()
 
 
 @contextmanager

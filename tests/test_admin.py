@@ -8,7 +8,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 
 from agent import protocol
 from inventory.models import AdminState, Node, NodeEvent, gpu_class
-from nodes import loadstore
+from livestate import loadstore
 from tests.services import redis_unreachable
 
 pytestmark = pytest.mark.django_db

@@ -14,7 +14,7 @@ import pytest
 
 from agent import protocol
 from inventory.allocations import allocate
-from nodes import loadstore
+from livestate import loadstore
 from tests.services import free_port, wait_until
 
 PROMETHEUS = shutil.which("prometheus")

@@ -12,7 +12,7 @@ from agent import protocol
 from agent.protocol import Load, ShardLoad
 from inventory.liveness import change_liveness
 from inventory.models import Allocation, GPUClaim, Liveness
-from nodes import loadstore
+from livestate import loadstore
 from tests.browser.conftest import log_in
 from tests.conftest import make_inventory
 from tests.prometheus import ExpositionServer, PrometheusServer
