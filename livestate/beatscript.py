@@ -146,16 +146,18 @@ def run(
     load: loadstore.RenderedLoad | None = None,
 ) -> Verdict:
     """Admit a heartbeat of `node_id` and, with `apply`, apply it if it is ordinary (raises redis errors)."""
+    node = keys.of_node(node_id)
+    minute = limits.minute(now)
     script_keys = BeatKeys(
-        refused_key=limits.window_key(keys.refused_tokens(address), now),
-        rate_key=limits.window_key(keys.token_heartbeats(token_digest(token)), now),
-        card_key=keys.card(node_id),
-        generation_key=keys.generation(node_id),
+        refused_key=keys.limit(keys.refused_tokens(address), minute),
+        rate_key=keys.limit(keys.token_heartbeats(token_digest(token)), minute),
+        card_key=node.card,
+        generation_key=node.generation,
         heartbeats_key=keys.HEARTBEATS,
-        load_key=keys.load(node_id),
-        load_lines_key=keys.load_lines(node_id),
+        load_key=node.load,
+        load_lines_key=node.load_lines,
         shard_versions_key=keys.SHARD_VERSIONS,
-        node_shards_key=keys.node_shards(node_id),
+        node_shards_key=node.node_shards,
     )
     args = BeatArgs(
         refused_allowed=settings.LLMGW_AUTH_FAILURES_PER_MINUTE,

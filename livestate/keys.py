@@ -7,6 +7,9 @@ modules write).
 
 from __future__ import annotations
 
+from functools import lru_cache
+from typing import NamedTuple
+
 # A node's latest load with its arrival time, msgpack (livestate.loadstore); expires.
 LOAD_PREFIX = "llmgw:load:"
 # The same load rendered as /metrics sample lines (livestate.loadlines); expires with it.
@@ -49,6 +52,29 @@ def generation(node_id: str) -> str:
 
 def node_shards(node_id: str) -> str:
     return NODE_SHARDS_PREFIX + node_id
+
+
+class NodeKeys(NamedTuple):
+    """A node's own keys, as the beat script needs them."""
+
+    card: str
+    generation: str
+    load: str
+    load_lines: str
+    node_shards: str
+
+
+# Built once per node: a heartbeat would otherwise join the same five strings
+# every time. Bounded, since the node id comes from a token not yet checked.
+@lru_cache(maxsize=1 << 15)
+def of_node(node_id: str) -> NodeKeys:
+    return NodeKeys(
+        card=card(node_id),
+        generation=generation(node_id),
+        load=load(node_id),
+        load_lines=load_lines(node_id),
+        node_shards=node_shards(node_id),
+    )
 
 
 # The names of the limit counters; `limit()` adds the minute.

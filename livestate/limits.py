@@ -20,9 +20,14 @@ from livestate import keys
 WINDOW = 60
 
 
+def minute(now: float) -> int:
+    """The number of the window `now` falls in."""
+    return int(now // WINDOW)
+
+
 def window_key(name: str, now: float) -> str:
     """The counter of `name` for the minute `now` falls in."""
-    return keys.limit(name, int(now // WINDOW))
+    return keys.limit(name, minute(now))
 
 
 def seconds_left(now: float) -> int:
