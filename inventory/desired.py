@@ -6,9 +6,9 @@ what is new and stops what is gone, so a lost reply costs nothing but a beat.
 Every web worker answers every node, so each node's list is cached in Redis,
 where all of them share it, under the shard version it was read at
 (`livestate.shardlists`, `livestate.shardversion`). A heartbeat that changes
-nothing reads it in the round trip it makes anyway (`livestate.beatscript`); a moved version, an
-agent's report that changes a shard, or an expired entry sends that node back
-to the database once.
+nothing reads it in the round trip it makes anyway (`livestate.beatscript`); a
+moved version, an agent's report that changes a shard, or an expired entry sends
+that node back to the database once.
 """
 
 from __future__ import annotations

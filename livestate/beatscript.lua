@@ -68,5 +68,6 @@ if load ~= '' then
   redis.call('SET', load_key, load, 'EX', load_expiry)
   redis.call('SET', load_lines_key, load_lines, 'EX', load_expiry)
 end
+-- '*' is the field of every node's counter (livestate.shardversion.EVERY_NODE).
 local versions = redis.call('HMGET', shard_versions_key, node_id, '*')
 return {'applied', raw, versions[1], versions[2], redis.call('GET', node_shards_key)}

@@ -1,9 +1,9 @@
 """Counters in Redis that move whenever what a node's agent should run may have changed.
 
 Each node's shard list is cached in Redis under the counters it was read at
-(`livestate.shardlists`, read by `inventory.desired`) and read from the database again only when that node's
-counter (or the counter of every node, moved when a deployment changes) has
-moved: an unchanged heartbeat reads no row, and a change on one node sends
+(`livestate.shardlists`, used by `inventory.desired`) and read from the database
+again only when that node's counter (or the counter of every node, moved when a
+deployment changes) has moved: an unchanged heartbeat reads no row, and a change on one node sends
 only that node's agent back to the database.
 """
 

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import livestate.beatscript
+from livestate import shardversion
 from livestate.beatscript import BeatArgs, BeatKeys
 
 SCRIPT = Path(livestate.beatscript.__file__).with_name("beatscript.lua").read_text()
@@ -30,3 +31,7 @@ def test_the_script_reads_keys_and_args_only_through_those_names():
     """A KEYS[n] or ARGV[n] used elsewhere in the script would escape the two tests above."""
     uses = re.findall(r"(?:KEYS|ARGV)\[\d+\]", SCRIPT)
     assert len(uses) == len(BeatKeys._fields) + len(BeatArgs._fields)
+
+
+def test_the_script_reads_the_counter_of_every_node_under_its_name():
+    assert f"redis.call('HMGET', shard_versions_key, node_id, '{shardversion.EVERY_NODE}')" in SCRIPT
