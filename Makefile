@@ -38,9 +38,11 @@ NODES ?= 2000
 soak: $(BIN)/.installed sysdeps-test
 	$(BIN)/python -m bench.soak --minutes $(MINUTES) --nodes $(NODES)
 
+# lint-imports holds the layers in pyproject.toml: web app > domain > live state > wire protocol.
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports
 
 format: $(BIN)/.installed
 	$(BIN)/ruff format .

@@ -89,13 +89,13 @@ def fetch(url: str, into: Path) -> tuple[float, float, int]:
 
 def render_microseconds(runs: int = 20_000) -> float:
     """What a heartbeat pays to render its load (4 shards) for /metrics."""
-    from nodes.metrics import loads
+    from livestate import loadlines
     from tests import fleet
 
     load = fleet.load_of("node-00042")
     started = time.perf_counter()
     for _ in range(runs):
-        loads.render("node-00042", load, 1.0)
+        loadlines.render("node-00042", load, 1.0)
     return (time.perf_counter() - started) / runs * 1e6
 
 

@@ -79,13 +79,13 @@ def run() -> int:
     from django.core.management import call_command
     from django.test import Client
 
+    import livestate
     from inventory.models import Node
-    from nodes import loadstore
     from nodes.views.summary import TOTALS_KEY
     from tests.pages_fleet import make_fleet
 
     def expire_totals() -> None:
-        loadstore.client().delete(TOTALS_KEY)
+        livestate.client().delete(TOTALS_KEY)
 
     call_command("migrate", verbosity=0)
     Node.objects.all().delete()

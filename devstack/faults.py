@@ -10,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import livestate
 from devstack.ports import free_port
 
 
@@ -19,14 +20,12 @@ def redis_unreachable(settings: Any) -> Iterator[None]:
 
     `settings` is pytest-django's fixture, which puts REDIS_URL back afterwards.
     """
-    from nodes import loadstore
-
     settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
-    loadstore.reset_client()
+    livestate.reset_client()
     try:
         yield
     finally:
-        loadstore.reset_client()
+        livestate.reset_client()
 
 
 @contextmanager

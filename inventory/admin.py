@@ -38,7 +38,7 @@ from inventory.models import (
 )
 from inventory.operator import ACTIONS, set_admin_state
 from inventory.queries import STATE_FILTERS, gpu_class_filter, label_filter
-from nodes import loadstore
+from livestate import loadstore
 
 log = logging.getLogger(__name__)
 

@@ -5,74 +5,24 @@ what is new and stops what is gone, so a lost reply costs nothing but a beat.
 
 Every web worker answers every node, so each node's list is cached in Redis,
 where all of them share it, under the shard version it was read at
-(`inventory.shardversion`). A heartbeat that changes nothing reads it in the
-round trip it makes anyway (`nodes/api/beatscript.py`); a moved version, an
-agent's report that changes a shard, or an expired entry sends that node back
-to the database once.
+(`livestate.shardlists`, `livestate.shardversion`). A heartbeat that changes
+nothing reads it in the round trip it makes anyway (`livestate.beatscript`); a
+moved version, an agent's report that changes a shard, or an expired entry sends
+that node back to the database once.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 
-import msgspec
-import redis
-
 from agent import protocol
-from inventory import shardversion
 from inventory.models import RUN_STATES, Deployment, Engine, ReplicaState, Shard
 from inventory.replicas import apply_reports, read_reports
-from nodes import loadstore
-
-log = logging.getLogger(__name__)
+from livestate import shardlists
+from livestate.shardlists import CachedShards, ReplicaName, ShardFacts
 
 # Engines listen on every address: Prometheus and clients reach them from elsewhere.
 LISTEN = "0.0.0.0"
-
-CACHE_PREFIX = "llmgw:nodeshards:"
-# Only a backstop for a version bump lost to a Redis outage; every node reading
-# the database this often costs a 10,000-node fleet about 30 queries a second.
-CACHE_TTL_SECONDS = 300
-
-
-class _ReplicaName(msgspec.Struct, array_like=True):
-    replica_id: str
-
-
-class _ShardFacts(msgspec.Struct, array_like=True):
-    """What `read_reports` compares of a shard, as cached (the same attribute names as `Shard`)."""
-
-    shard_id: str
-    state: str
-    reason: str
-    metrics_port: int
-    replica: _ReplicaName
-
-
-class _Cached(msgspec.Struct, array_like=True):
-    version: tuple[int, int]
-    shards: list[_ShardFacts]
-    specs: list[protocol.ShardSpec]
-
-
-_encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(_Cached)
-
-
-def cache_key(node_id: str) -> str:
-    return CACHE_PREFIX + node_id
-
-
-def forget() -> None:
-    """Drop every cached shard list (tests start each case from the database)."""
-    try:
-        client = loadstore.client()
-        keys = list(client.scan_iter(match=CACHE_PREFIX + "*", count=1000))
-        if keys:
-            client.delete(*keys)
-    except redis.RedisError:
-        pass
 
 
 def from_cache(
@@ -82,13 +32,8 @@ def from_cache(
     reports: Iterable[protocol.ShardStatus] | None,
 ) -> list[protocol.ShardSpec] | None:
     """The cached shards if `raw` was stored under `version` and the reports change none of them; else None."""
-    if raw is None:
-        return None
-    try:
-        cached = _decoder.decode(raw)
-    except msgspec.DecodeError:
-        return None
-    if tuple(cached.version) != version:
+    cached = shardlists.decode(raw, version)
+    if cached is None:
         return None
     if reports is not None and read_reports(node_id, cached.shards, reports):
         return None
@@ -113,7 +58,7 @@ def sync_node(
     if not use_cache:
         version = None
     elif version is None:
-        version, raw = _read_cache(node_id)
+        version, raw = shardlists.read(node_id)
         if version is not None:
             specs = from_cache(node_id, version, raw, reports)
             if specs is not None:
@@ -134,27 +79,11 @@ def sync_node(
     return specs
 
 
-def _read_cache(node_id: str) -> tuple[tuple[int, int] | None, bytes | None]:
-    try:
-        pipe = loadstore.client().pipeline(transaction=False)
-        shardversion.queue_read(pipe, node_id)
-        pipe.get(cache_key(node_id))
-        versions, raw = pipe.execute()
-    except redis.RedisError:
-        return None, None
-    return shardversion.parse(versions), raw
-
-
 def _store_cache(node_id: str, version: tuple[int, int], shards: list[Shard], specs: list[protocol.ShardSpec]) -> None:
     facts = [
-        _ShardFacts(s.shard_id, s.state, s.reason, s.metrics_port, _ReplicaName(s.replica.replica_id)) for s in shards
+        ShardFacts(s.shard_id, s.state, s.reason, s.metrics_port, ReplicaName(s.replica.replica_id)) for s in shards
     ]
-    try:
-        loadstore.client().set(
-            cache_key(node_id), _encoder.encode(_Cached(version, facts, specs)), ex=CACHE_TTL_SECONDS
-        )
-    except redis.RedisError as exc:
-        log.warning("shards of %s not cached: %s", node_id, exc)
+    shardlists.store(node_id, CachedShards(version, facts, specs))
 
 
 def _leaders(replicas) -> dict[int, str]:

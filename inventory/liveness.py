@@ -5,7 +5,7 @@ the side effects run only when that update changed a row, so a late or
 duplicated sweep does nothing twice. Admin state is never touched here.
 
 An ordinary heartbeat of a live node writes no database row: its time goes into
-one Redis hash (`note_heartbeat`), and `flush_heartbeats` moves the whole hash
+one Redis hash (`livestate.heartbeats`), and `flush_heartbeats` moves the whole hash
 into `Node.last_heartbeat` with a few bulk UPDATEs. The sweep flushes first, so
 it never judges a node by a time older than the one Redis holds. Changes of
 liveness still go straight to the database (`touch`), as does every heartbeat
@@ -35,14 +35,11 @@ from django.utils import timezone
 
 from inventory.models import RUN_STATES, Allocation, Liveness, Node, NodeEvent, ReplicaState, Shard
 from inventory.replicas import fail_replicas
+from livestate import heartbeats
 from llmgw_site.logs import OccasionalWarning
-from nodes import loadstore
 
 log = logging.getLogger(__name__)
 
-# node id → arrival time (Unix seconds, the control plane's clock) of its latest
-# heartbeat not yet written to the database.
-HEARTBEATS_KEY = "llmgw:liveness:heartbeats"
 FLUSH_BATCH = 500
 
 # One silent node is that node's own fault, whatever the size of the fleet: a
@@ -80,11 +77,6 @@ def touch(node: Node, now: datetime | None = None) -> Node:
     return node
 
 
-def note_heartbeat(pipe, node_id: str, received_at: float) -> None:
-    """Queue a live node's heartbeat time on a Redis pipeline; `flush_heartbeats` stores it."""
-    pipe.hset(HEARTBEATS_KEY, node_id, repr(received_at))
-
-
 def flush_heartbeats() -> int:
     """Write the heartbeat times held in Redis to the database in bulk; returns how many.
 
@@ -92,20 +84,13 @@ def flush_heartbeats() -> int:
     meanwhile lands in a fresh hash for the next flush. If the database refuses
     the write, the times are put back unless a newer one has arrived since.
     """
-    client = loadstore.client()
-    pipe = client.pipeline(transaction=True)
-    pipe.hgetall(HEARTBEATS_KEY)
-    pipe.delete(HEARTBEATS_KEY)
-    raw, _ = pipe.execute()
+    raw = heartbeats.take()
     if not raw:
         return 0
     try:
         _write_last_heartbeats(raw)
     except Exception:
-        putback = client.pipeline(transaction=False)
-        for node_id, value in raw.items():
-            putback.hsetnx(HEARTBEATS_KEY, node_id, value)
-        putback.execute()
+        heartbeats.put_back(raw)
         raise
     return len(raw)
 

@@ -29,7 +29,6 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from inventory import shardversion
 from inventory.models import (
     LIVE_STATES,
     RUN_STATES,
@@ -46,6 +45,7 @@ from inventory.models import (
 from inventory.operator import finish_drain
 from inventory.placement import CannotPlace, Placement, Planner, Profile, load_fleet
 from inventory.replicas import begin_release, fail_replicas, finish_release, new_replicas
+from livestate import shardversion
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from django.db.models import F
 from django.utils import timezone
 
 from agent import protocol
-from inventory import shardversion
 from inventory.models import (
     LIVE_STATES,
     RUN_STATES,
@@ -27,6 +26,7 @@ from inventory.models import (
     ReplicaState,
     Shard,
 )
+from livestate import shardversion
 
 
 def new_replicas(

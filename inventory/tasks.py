@@ -7,7 +7,7 @@ from celery import shared_task
 
 from inventory.liveness import mark_stale as sweep
 from inventory.reconcile import reconcile as reconcile_pass
-from nodes import loadstore, selfmetrics
+from livestate import locks, selfmetrics
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def reconcile() -> dict:
     Overlapping passes would be safe (the database refuses double placements)
     but wasteful, since the second would mostly fail and retry.
     """
-    lock = loadstore.client().lock("llmgw:reconcile", timeout=RECONCILE_LOCK_SECONDS, blocking=False)
+    lock = locks.reconcile_lock(RECONCILE_LOCK_SECONDS)
     if not lock.acquire():
         return {"skipped": "another pass is running"}
     try:

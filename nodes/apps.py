@@ -6,5 +6,8 @@ class NodesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Connects the receivers that keep the heartbeat path's cached node cards current.
-        from nodes.api import cards  # noqa: F401
+        # Keeps the heartbeat path's cached node cards current: connected here, by
+        # name, rather than by the side effect of importing a module.
+        from nodes.api import cards
+
+        cards.connect_receivers()

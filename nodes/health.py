@@ -1,10 +1,10 @@
 """Health endpoints: /healthz says the process is up, /readyz that it can serve."""
 
-import redis
-from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_GET
+
+import livestate
 
 
 @require_GET
@@ -23,7 +23,7 @@ def _check_database() -> str | None:
 
 def _check_redis() -> str | None:
     try:
-        redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1).ping()
+        livestate.client().ping()
     except Exception as exc:
         return f"redis unreachable: {exc.__class__.__name__}"
     return None

@@ -1,9 +1,7 @@
 """Rate limits on the agent API.
 
-The counters live in Redis, so a limit holds across every gunicorn worker and
-every web machine: a per-process counter would let N workers accept N times
-the limit. Windows are fixed minutes (INCR, then EXPIRE on the first hit),
-which is coarse but costs one round trip.
+The counters live in Redis (`livestate.limits`), so a limit holds across every
+gunicorn worker and every web machine.
 
 - registration: at most LLMGW_REGISTER_PER_MINUTE per client address, since a
   join token is shared and a leaked one must not mint tokens at line rate;
@@ -15,7 +13,7 @@ which is coarse but costs one round trip.
 
 The middleware below applies them to registration before the view reads a
 byte of the body. Heartbeats are checked in the round trip that admits them
-(`nodes/api/beatscript.py`), on the same counters: at 2,000 heartbeats a
+(`livestate/beatscript.py`), on the same counters: at 2,000 heartbeats a
 second, two more round trips each would cost more than the rest of the
 heartbeat. The views refuse bodies over `protocol.MAX_BODY_BYTES` themselves
 (`nodes/api/rejections.py`).
@@ -29,15 +27,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 
 import redis
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from agent import protocol
+from livestate import keys
+from livestate.limits import Limiter
 from llmgw_site.logs import OccasionalWarning
 
 log = logging.getLogger(__name__)
@@ -46,8 +43,6 @@ log = logging.getLogger(__name__)
 warn_unlimited = OccasionalWarning(log, 30.0)
 
 REGISTER = "/api/v1/register"
-WINDOW = 60
-PREFIX = "llmgw:limit:"
 TOO_MANY_REFUSED = "too many refused tokens from this address"
 
 
@@ -77,60 +72,6 @@ def refusal(status: int, field: str, reason: str, retry_after: int | None = None
     return response
 
 
-_client: redis.Redis | None = None
-
-
-def default_client() -> redis.Redis:
-    """A client of our own that gives up at once: redis-py's default retries for seconds with
-    backoff, and a limiter that waits that long on every request during an outage is worse than none."""
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
-        )
-    return _client
-
-
-def reset_client() -> None:
-    global _client
-    _client = None
-
-
-def window_key(name: str, now: float) -> str:
-    """The counter of `name` for the minute `now` falls in."""
-    return f"{PREFIX}{name}:{int(now // WINDOW)}"
-
-
-def seconds_left(now: float) -> int:
-    """Until the minute `now` falls in ends, and its counters with it."""
-    return WINDOW - int(now % WINDOW)
-
-
-class Limiter:
-    """Fixed-window counters in Redis."""
-
-    def __init__(self, client: redis.Redis | None = None):
-        self._client = client
-
-    @property
-    def client(self) -> redis.Redis:
-        return self._client or default_client()
-
-    def hit(self, name: str, now: float | None = None) -> tuple[int, int]:
-        """Count one hit; (hits in this window, seconds until it ends)."""
-        now = now if now is not None else time.time()
-        key, remaining = window_key(name, now), seconds_left(now)
-        pipe = self.client.pipeline(transaction=False)
-        pipe.incr(key)
-        pipe.expire(key, WINDOW + 1, nx=True)
-        count, _ = pipe.execute()
-        return int(count), remaining
-
-    def count(self, name: str, now: float | None = None) -> tuple[int, int]:
-        now = now if now is not None else time.time()
-        return int(self.client.get(window_key(name, now)) or 0), seconds_left(now)
-
-
 class AgentAPILimitMiddleware:
     """Applies the limits above to POST /api/v1/register only."""
 
@@ -152,10 +93,10 @@ class AgentAPILimitMiddleware:
     def check_rate(self, request: HttpRequest) -> HttpResponse | None:
         address = client_address(request)
         try:
-            failures, remaining = self.limiter.count(f"fail:{address}")
+            failures, remaining = self.limiter.count(keys.refused_tokens(address))
             if failures >= settings.LLMGW_AUTH_FAILURES_PER_MINUTE:
                 return refusal(429, "authorization", TOO_MANY_REFUSED, remaining)
-            hits, remaining = self.limiter.hit(f"register:{address}")
+            hits, remaining = self.limiter.hit(keys.registrations(address))
         except redis.RedisError as exc:
             warn_unlimited("agent API limits not applied while Redis is unavailable: %s", exc)
             return None
@@ -171,4 +112,4 @@ class AgentAPILimitMiddleware:
 def count_failure(address: str, limiter: Limiter | None = None) -> None:
     """Count a refused credential against the address it came from."""
     with contextlib.suppress(redis.RedisError):
-        (limiter or Limiter()).hit(f"fail:{address}")
+        (limiter or Limiter()).hit(keys.refused_tokens(address))

@@ -128,7 +128,7 @@ def save_demo_loads() -> None:
 
     from agent.protocol import Load, ShardLoad
     from inventory.models import Liveness, Node
-    from nodes import loadstore
+    from livestate import loadstore
 
     jitter = random.Random(time.time())
     now = time.time()

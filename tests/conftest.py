@@ -9,12 +9,12 @@ import pytest
 from django.conf import settings
 from django.utils import timezone
 
+import livestate
 from agent import protocol
 from devstack.redis_server import RedisServer
-from inventory import desired
 from inventory.models import AdminState, Liveness, Node
 from inventory.registration import upsert_inventory
-from nodes import loadstore
+from livestate import shardlists
 
 
 @pytest.fixture(scope="session")
@@ -35,14 +35,14 @@ def _redis_everywhere(redis_server):
     url = redis_server if isinstance(redis_server, str) else redis_server.url
     settings.REDIS_URL = url
     settings.CELERY_BROKER_URL = url
-    loadstore.reset_client()
+    livestate.reset_client()
     yield url
 
 
 @pytest.fixture(autouse=True)
 def _no_cached_shards():
     """Each test's nodes are new: no shard list cached by an earlier test may answer for them."""
-    desired.forget()
+    shardlists.forget()
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -55,7 +55,7 @@ def _agent_api_limits_out_of_the_way():
 
 @pytest.fixture
 def redis_client(_redis_everywhere):
-    client = loadstore.client()
+    client = livestate.client()
     client.flushdb()
     yield client
     client.flushdb()

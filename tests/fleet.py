@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+import livestate
 from agent import protocol
 from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node, gpu_class
-from nodes import loadstore
+from livestate import loadstore
 
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
@@ -96,7 +97,7 @@ def load_of(nid: str, shards: int = 4, seed: int = 0) -> protocol.Load:
 
 def save_loads(ids: list[str], received_at: float, shards: int = 4) -> None:
     """Every node's load through loadstore.save, in batched pipelines."""
-    pipe = loadstore.client().pipeline(transaction=False)
+    pipe = livestate.client().pipeline(transaction=False)
     for n, nid in enumerate(ids):
         loadstore.save(nid, load_of(nid, shards, seed=n), received_at, pipe=pipe)
         if n % 1000 == 999:

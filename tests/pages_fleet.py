@@ -7,9 +7,10 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+import livestate
 from agent.protocol import Load, ShardLoad
 from inventory.models import GPU, AdminState, Allocation, Filesystem, GPUClaim, Liveness, Node, gpu_class
-from nodes import loadstore
+from livestate import loadstore
 
 GPU_NAME = "NVIDIA H100 80GB HBM3"
 GPUS_PER_NODE = 8
@@ -85,7 +86,7 @@ def make_fleet(count: int, prefix: str = "n", with_loads: bool = True, now: floa
         batch_size=2000,
     )
     if with_loads:
-        pipe = loadstore.client().pipeline(transaction=False)
+        pipe = livestate.client().pipeline(transaction=False)
         for i, node in enumerate(nodes):
             loadstore.save(node.pk, fleet_load(i, f"{node.pk}-s0"), now - (i % 10), pipe=pipe)
         pipe.execute()

@@ -9,7 +9,7 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from agent import protocol
 from devstack.faults import redis_unreachable
 from inventory.models import AdminState, Node, NodeEvent, gpu_class
-from nodes import loadstore
+from livestate import loadstore
 
 pytestmark = pytest.mark.django_db
 

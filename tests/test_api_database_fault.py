@@ -11,10 +11,9 @@ from django.db import connection, connections
 
 from agent import protocol
 from devstack.faults import database_unreachable
-from inventory import desired
 from inventory.models import Node
-from nodes import loadstore, selfmetrics
-from nodes.api import cards, outage
+from livestate import keys, loadstore, selfmetrics, shardlists
+from nodes.api import outage
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post, register, reply_of
 from tests.conftest import make_inventory
 
@@ -42,7 +41,7 @@ def assert_unavailable(response) -> None:
 
 def forget_card(redis_client, node_id: str = "gpu-1") -> None:
     """Make the node's next heartbeat read its card from the database."""
-    redis_client.delete(cards.card_key(node_id))
+    redis_client.delete(keys.card(node_id))
 
 
 def test_a_heartbeat_whose_card_is_not_cached_gets_503_then_succeeds_once_the_database_is_back(
@@ -95,7 +94,7 @@ def test_the_outage_is_counted_per_heartbeat_and_logged_once(client, token, redi
             forget_card(redis_client)
             assert_unavailable(heartbeat(client, token, protocol.Heartbeat()))
 
-    counters = selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))
+    counters = selfmetrics.read(redis_client.hgetall(keys.SELF_METRICS))
     assert counters["heartbeats:unavailable"] == 3
     warnings = [r for r in caplog.records if r.name == outage.__name__]
     assert len(warnings) == 1
@@ -106,14 +105,14 @@ def test_the_outage_is_counted_per_heartbeat_and_logged_once(client, token, redi
 
 def test_an_applied_heartbeat_whose_shard_list_needs_the_database_gets_503_counted_once(client, token, redis_client):
     reply_of(heartbeat(client, token, protocol.Heartbeat()))  # caches the card
-    desired.forget()  # the shard list must come from the database
-    redis_client.delete(selfmetrics.HASH)
+    shardlists.forget()  # the shard list must come from the database
+    redis_client.delete(keys.SELF_METRICS)
 
     with database_unreachable():
         # An empty list would tell the agent to stop every shard: no answer is better than that one.
         assert_unavailable(heartbeat(client, token, protocol.Heartbeat()))
 
-    counters = selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))
+    counters = selfmetrics.read(redis_client.hgetall(keys.SELF_METRICS))
     # Its time and load were stored before the shard list was wanted, but the agent was
     # answered 503, and that is what it is counted as, once.
     assert (counters["heartbeats:unavailable"], counters["heartbeat_seconds:count"]) == (1, 1)

@@ -8,9 +8,9 @@ import time_machine
 from django.utils import timezone
 
 from agent import protocol
-from inventory.liveness import HEARTBEATS_KEY, flush_heartbeats
+from inventory.liveness import flush_heartbeats
 from inventory.models import AdminState, Liveness, Node, NodeEvent
-from nodes import loadstore, selfmetrics
+from livestate import keys, loadstore, selfmetrics
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
 from tests.conftest import make_inventory
 
@@ -58,7 +58,7 @@ def test_an_unchanged_heartbeat_touches_no_database_row_until_the_flush(
     assert Node.objects.get(pk="gpu-1").last_heartbeat < timezone.now() - timedelta(seconds=19)
     assert flush_heartbeats() == 1
     assert timezone.now() - Node.objects.get(pk="gpu-1").last_heartbeat < timedelta(seconds=5)
-    assert not redis_client.exists(HEARTBEATS_KEY)
+    assert not redis_client.exists(keys.HEARTBEATS)
 
 
 def test_the_flush_never_moves_a_heartbeat_time_back(client, token):
@@ -154,7 +154,7 @@ def test_heartbeats_are_counted_by_outcome(client, token, redis_client):
     heartbeat(client, token, b'{"load": {"cpu_percent": 101, "cpus": 1}}')
     heartbeat(client, "gpu-1.wrong", protocol.Heartbeat())
 
-    counters = selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))
+    counters = selfmetrics.read(redis_client.hgetall(keys.SELF_METRICS))
     assert counters["heartbeats:accepted"] == 1
     assert counters["heartbeats:invalid"] == 1
     assert counters["heartbeats:unauthorized"] == 1

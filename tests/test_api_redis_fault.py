@@ -6,11 +6,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+import livestate
 from agent import protocol
 from devstack.redis_server import RedisServer
 from inventory import liveness
 from inventory.models import Liveness, Node
-from nodes import loadstore
+from livestate import loadstore
 from nodes.api import heartbeats
 from nodes.models import NodeToken
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
@@ -25,11 +26,11 @@ def private_redis(settings, tmp_path):
     server = RedisServer(tmp_path / "redis").start()
     settings.REDIS_URL = server.url
     settings.LLMGW_JOIN_TOKEN = JOIN_TOKEN
-    loadstore.reset_client()
+    livestate.reset_client()
     heartbeats._warn_redis_down.reset()
     yield server
     server.stop()
-    loadstore.reset_client()
+    livestate.reset_client()
 
 
 def test_heartbeats_are_answered_while_redis_is_down_and_redis_is_used_again_when_back(

@@ -11,8 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent import protocol
-from inventory.liveness import HEARTBEATS_KEY
-from nodes import loadstore
+from livestate import keys, loadstore
 from tests.agentapi import JOIN_TOKEN, a_load, database_snapshot, post, register
 from tests.conftest import make_inventory
 
@@ -111,7 +110,7 @@ def assert_rejected(response, status: int, field: str) -> None:
 def assert_nothing_stored(redis_client, before) -> None:
     assert database_snapshot() == before
     assert loadstore.fetch(["gpu-1"]) == {}
-    assert not redis_client.hexists(HEARTBEATS_KEY, "gpu-1")
+    assert not redis_client.hexists(keys.HEARTBEATS, "gpu-1")
 
 
 def the_valid_heartbeat_is_accepted(client, token):

@@ -16,6 +16,7 @@ from agent import protocol
 from devstack.polling import wait_until
 from devstack.ports import free_port
 from devstack.stack import Stack
+from livestate import keys
 from tests.agentapi import JOIN_TOKEN
 from tests.conftest import make_inventory
 
@@ -84,7 +85,7 @@ def test_a_node_whose_agent_stops_becomes_unreachable_then_lost(stack, redis_cli
 
     # Beating for longer than the threshold keeps it alive: the beat's flush
     # carries the times Redis holds into the database before each sweep.
-    wait_until(lambda: redis_client.hget("llmgw:selfmetrics", "sweeps"), 60, "the beat's first sweep")
+    wait_until(lambda: redis_client.hget(keys.SELF_METRICS, "sweeps"), 60, "the beat's first sweep")
     started = time.monotonic()
     while time.monotonic() - started < UNREACHABLE_AFTER * 2:
         last_beat = time.monotonic()  # before the request: the node was silent from then at the latest

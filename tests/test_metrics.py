@@ -12,7 +12,7 @@ from agent import protocol
 from devstack.faults import redis_unreachable
 from inventory.allocations import allocate
 from inventory.models import Filesystem, Node
-from nodes import loadstore, selfmetrics
+from livestate import keys, loadstore, selfmetrics
 from tests.conftest import make_inventory
 from tests.metrics_scrape import TEXT, body, named, of, samples
 
@@ -211,7 +211,7 @@ def test_the_stale_task_counts_its_runs(db, redis_client):
 
     mark_stale()
     mark_stale()
-    assert selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))["sweeps"] == 2
+    assert selfmetrics.read(redis_client.hgetall(keys.SELF_METRICS))["sweeps"] == 2
 
 
 def test_without_redis_the_inventory_is_still_exported(client, cluster, settings):

@@ -12,9 +12,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from agent import protocol
-from nodes import loadstore
-from nodes.metrics import loads
-from nodes.metrics.lines import labelset, line
+from livestate import loadlines, loadstore
+from livestate.samples import labelset, line
 from nodes.metrics.rowcache import RowCache
 from tests.metrics_scrape import TEXT, body
 
@@ -49,7 +48,7 @@ def test_a_line_is_what_prometheus_client_writes(value, number):
 @pytest.fixture
 def populated(cluster, redis_client):
     from inventory.allocations import allocate
-    from nodes import selfmetrics
+    from livestate import selfmetrics
 
     allocate(cluster["ready-1"], "s-0", "r-0", [0, 1], memory_gb=16, model='odd "model"\\name')
     load = protocol.Load(
@@ -93,7 +92,7 @@ def test_a_rendered_load_reads_back():
         cpus=4,
         shards=[protocol.ShardLoad(shard="a", cpu_cores=1.25, rss_bytes=10), protocol.ShardLoad(shard="b")],
     )
-    stored = loads.parse(loads.render("n-1", load, 1234.5))
+    stored = loadlines.parse(loadlines.render("n-1", load, 1234.5))
     assert stored.received_at == 1234.5
     assert stored.chunks[1] == b'llmgw_node_cpus{node="n-1"} 4.0\n'
     assert stored.chunks[2].count(b"\n") == 3
@@ -104,7 +103,7 @@ def test_a_rendered_load_reads_back():
     "raw", [None, b"", b"garbage", b"12\nx", b"nan-ish\n" + b"\x1e" * 5, b"1\n\x1e\x1e\x1e\x1e\x1ea\x1fb\n"]
 )
 def test_an_unreadable_rendered_load_is_skipped(raw):
-    assert loads.parse(raw) is None
+    assert loadlines.parse(raw) is None
 
 
 def test_a_row_is_rendered_again_only_when_it_changed():

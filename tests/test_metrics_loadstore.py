@@ -6,8 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from agent import protocol
-from nodes import loadstore
-from nodes.metrics import loads
+from livestate import keys, loadlines, loadstore
 from nodes.metrics.collector import FleetCollector
 
 LOAD = protocol.Load(cpu_percent=50, cpus=8, shards=[protocol.ShardLoad(shard="s", cpu_cores=1, rss_bytes=2)])
@@ -19,20 +18,20 @@ def test_save_keeps_the_load_for_the_pages_and_its_text_for_metrics(redis_client
     assert loadstore.fetch(["n1", "n2"], now=1030.0) == {"n1": loadstore.StoredLoad(1000.0, LOAD)}
     assert loadstore.fetch(["n1"], now=1061.0) == {}
     assert loadstore.fetch(["n1"], fresh_only=False, now=1061.0)["n1"].load == LOAD
-    stored = loads.parse(redis_client.get(loadstore.lines_key("n1")))
+    stored = loadlines.parse(redis_client.get(keys.load_lines("n1")))
     assert stored.received_at == 1000.0
     assert stored.shards == [[b"s", b"1.0", b"2.0"]]
     # Both keys expire by themselves once nobody may show them.
-    assert 0 < redis_client.ttl(loadstore.key("n1")) <= 120
-    assert 0 < redis_client.ttl(loadstore.lines_key("n1")) <= 120
+    assert 0 < redis_client.ttl(keys.load("n1")) <= 120
+    assert 0 < redis_client.ttl(keys.load_lines("n1")) <= 120
 
 
 def test_save_on_a_callers_pipeline_sends_nothing_until_it_executes(redis_client):
     pipe = redis_client.pipeline(transaction=False)
     loadstore.save("n1", LOAD, received_at=1.0, pipe=pipe)
-    assert redis_client.exists(loadstore.key("n1"), loadstore.lines_key("n1")) == 0
+    assert redis_client.exists(keys.load("n1"), keys.load_lines("n1")) == 0
     pipe.execute()
-    assert redis_client.exists(loadstore.key("n1"), loadstore.lines_key("n1")) == 2
+    assert redis_client.exists(keys.load("n1"), keys.load_lines("n1")) == 2
 
 
 @pytest.mark.django_db

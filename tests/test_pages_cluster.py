@@ -13,7 +13,7 @@ from agent.protocol import Load
 from devstack.faults import redis_unreachable
 from inventory.models import GPU, Node
 from inventory.registration import upsert_inventory
-from nodes import loadstore
+from livestate import loadstore
 from nodes.views.summary import TOTALS_KEY, TOTALS_MAX_AGE
 from tests.conftest import make_inventory
 from tests.pages_fleet import make_fleet

@@ -17,7 +17,7 @@ from devstack.ports import free_port
 from inventory.models import REPLICA_COLOURS, AdminState, Allocation, GPUClaim, Node, NodeEvent, ReplicaState, Shard
 from inventory.reconcile import reconcile
 from inventory.registration import upsert_inventory
-from nodes import loadstore
+from livestate import loadstore
 from tests.conftest import make_inventory
 from tests.pages_fleet import make_fleet
 from tests.placement_fleet import deployment

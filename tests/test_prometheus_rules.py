@@ -48,7 +48,7 @@ def test_every_alert_has_a_unit_test():
 
 
 def test_a_scrape_of_a_populated_control_plane_passes_promtool_check_metrics(client, cluster, redis_client):
-    from nodes import selfmetrics
+    from livestate import selfmetrics
 
     ids = fleet.build(20, at=time.time())
     fleet.save_loads(ids, time.time())

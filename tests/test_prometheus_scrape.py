@@ -16,7 +16,7 @@ from agent import protocol
 from devstack.polling import wait_until
 from devstack.ports import free_port
 from inventory.allocations import allocate
-from nodes import loadstore
+from livestate import loadstore
 
 PROMETHEUS = shutil.which("prometheus")
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "rules" / "llmgw.rules.yml"

@@ -9,7 +9,6 @@ from hypothesis import strategies as st
 from hypothesis.extra.django import TestCase
 
 from agent import protocol
-from inventory import desired
 from inventory.desired import sync_node
 from inventory.liveness import mark_stale
 from inventory.models import (
@@ -26,6 +25,7 @@ from inventory.models import (
     Shard,
 )
 from inventory.reconcile import reconcile
+from livestate import shardlists
 from tests.placement_fleet import deployment, node
 
 GPU_NAMES = {"NVIDIA H100 80GB HBM3": "H100-80GB", "NVIDIA A100-SXM4-40GB": "A100-40GB"}
@@ -112,7 +112,7 @@ class ReconcileProperties(TestCase):
     @settings(max_examples=25, deadline=None)
     @given(fleet=fleet_specs, wanted=deployment_specs, later=changes)
     def test_stored_placements_keep_the_rules_through_changes(self, fleet, wanted, later):
-        desired.forget()
+        shardlists.forget()
         names = []
         for i, spec in enumerate(fleet):
             admin_state, liveness = spec.pop("state")

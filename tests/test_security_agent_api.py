@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import time_machine
 
+import livestate
 from agent import protocol
-from inventory.liveness import HEARTBEATS_KEY
 from inventory.models import Node
-from nodes import loadstore, ratelimit
+from livestate import keys, loadstore
 from nodes.models import NodeToken
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post, register, reply_of
 from tests.conftest import make_inventory
@@ -73,7 +73,7 @@ def test_every_wrong_heartbeat_credential_is_refused_and_changes_nothing(client,
             reply_of(heartbeat(client, token, protocol.Heartbeat(load=a_load(1.0))))
     before = Node.objects.get(pk="gpu-1").hostname
     loads_before = loadstore.fetch(["gpu-1", "gpu-2", "gpu-9"])
-    times_before = redis_client.hgetall(HEARTBEATS_KEY)
+    times_before = redis_client.hgetall(keys.HEARTBEATS)
     for name, token in wrong_heartbeat_tokens(tokens).items():
         inventory = protocol.Heartbeat(inventory=make_inventory("hijacked.example"), inventory_hash="x", load=a_load())
         ordinary = protocol.Heartbeat(load=a_load(99.0))
@@ -85,7 +85,7 @@ def test_every_wrong_heartbeat_credential_is_refused_and_changes_nothing(client,
             assert response["WWW-Authenticate"] == "Bearer", name
     assert Node.objects.get(pk="gpu-1").hostname == before
     assert loadstore.fetch(["gpu-1", "gpu-2", "gpu-9"]) == loads_before
-    assert redis_client.hgetall(HEARTBEATS_KEY) == times_before
+    assert redis_client.hgetall(keys.HEARTBEATS) == times_before
 
 
 def test_refusals_do_not_tell_an_unknown_node_from_a_wrong_secret(client, tokens):
@@ -148,7 +148,12 @@ def test_no_secret_is_compared_with_equality_anywhere_in_the_code():
     """A == on a token, secret or digest would leak its prefix through timing."""
     suspicious = ("token", "secret", "digest", "password")
     found = []
-    for path in [*ROOT.glob("nodes/**/*.py"), *ROOT.glob("inventory/**/*.py"), *ROOT.glob("llmgw_site/*.py")]:
+    for path in [
+        *ROOT.glob("nodes/**/*.py"),
+        *ROOT.glob("inventory/**/*.py"),
+        *ROOT.glob("livestate/**/*.py"),
+        *ROOT.glob("llmgw_site/*.py"),
+    ]:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops):
                 names = [ast.unparse(part).lower() for part in (node.left, *node.comparators)]
@@ -163,7 +168,7 @@ def low_limits(settings):
     settings.LLMGW_REGISTER_PER_MINUTE = 3
     settings.LLMGW_HEARTBEAT_PER_MINUTE = 4
     settings.LLMGW_AUTH_FAILURES_PER_MINUTE = 5
-    ratelimit.reset_client()
+    livestate.reset_client()
     with time_machine.travel(1_800_000_000.0, tick=False):
         yield settings
 

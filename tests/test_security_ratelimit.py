@@ -15,9 +15,12 @@ import time_machine
 from django.http import HttpResponse
 from django.test import RequestFactory
 
+import livestate
 from agent import protocol
-from nodes import loadstore, ratelimit
-from nodes.ratelimit import REGISTER, AgentAPILimitMiddleware, Limiter
+from livestate.keys import LIMIT_PREFIX
+from livestate.limits import Limiter
+from nodes import ratelimit
+from nodes.ratelimit import REGISTER, AgentAPILimitMiddleware
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register
 
 
@@ -45,7 +48,7 @@ def post(path: str, address: str = "10.0.0.1", token: str = "t0k3n", body: bytes
 
 @pytest.fixture
 def limits(settings, redis_client):
-    ratelimit.reset_client()
+    livestate.reset_client()
     settings.LLMGW_REGISTER_PER_MINUTE = 3
     settings.LLMGW_HEARTBEAT_PER_MINUTE = 5
     settings.LLMGW_AUTH_FAILURES_PER_MINUTE = 4
@@ -76,7 +79,7 @@ def test_heartbeats_are_limited_per_token_whichever_worker_answers(limits, clien
     answers = []
     for i in range(7):
         # A new client each time: what holds the count is Redis, not the process.
-        loadstore.reset_client()
+        livestate.reset_client()
         answers.append(heartbeat(client, token_a, protocol.Heartbeat(load=a_load(float(i)))).status_code)
     assert answers == [200] * 5 + [429] * 2
     # The same address with another node's token is fine: nodes behind one NAT are many nodes.
@@ -91,7 +94,7 @@ def test_no_token_or_secret_is_stored_in_redis(limits, client, redis_client):
     heartbeat(client, "node-a.a-wrong-secret", protocol.Heartbeat())
     secret = token.rpartition(".")[2]
     keys = redis_client.keys("*")
-    assert any(key.startswith(ratelimit.PREFIX.encode()) for key in keys)
+    assert any(key.startswith(LIMIT_PREFIX.encode()) for key in keys)
     for key in keys:
         kind = redis_client.type(key)
         values = [redis_client.get(key)] if kind == b"string" else []
@@ -122,12 +125,12 @@ def test_other_paths_are_not_counted(limits, redis_client):
     middleware = AgentAPILimitMiddleware(view)
     for _ in range(10):
         assert middleware(RequestFactory().get("/healthz")).status_code == 200
-    assert redis_client.keys(ratelimit.PREFIX + "*") == []
+    assert redis_client.keys(LIMIT_PREFIX + "*") == []
 
 
 def test_without_redis_the_limits_are_lifted_not_the_fleet(limits, settings, caplog):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there
-    ratelimit.reset_client()
+    livestate.reset_client()
     ratelimit.warn_unlimited.reset()
     try:
         view = View(201)
@@ -139,7 +142,7 @@ def test_without_redis_the_limits_are_lifted_not_the_fleet(limits, settings, cap
         # Said once, not once per request.
         assert len([r for r in caplog.records if r.name == "nodes.ratelimit"]) <= 1
     finally:
-        ratelimit.reset_client()
+        livestate.reset_client()
 
 
 def test_behind_a_proxy_the_forwarded_address_counts_not_a_spoofed_one(limits):

@@ -12,7 +12,7 @@ from inventory import liveness
 from inventory.allocations import allocate
 from inventory.models import AdminState, Allocation, Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
-from nodes import selfmetrics
+from livestate import keys, selfmetrics
 from tests.agentapi import JOIN_TOKEN, heartbeat, register, reply_of
 
 pytestmark = [pytest.mark.django_db]
@@ -154,7 +154,7 @@ def test_the_celery_task_flushes_sweeps_and_counts_its_runs(clock, tokens, redis
     summary = mark_stale_task()
     assert sorted(summary["unreachable"]) == ["gpu-1", "gpu-2"]
     assert summary["failed"] == []
-    assert selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))["sweeps"] == 1
+    assert selfmetrics.read(redis_client.hgetall(keys.SELF_METRICS))["sweeps"] == 1
 
 
 def test_a_heartbeat_after_the_sweep_revives_the_node_at_once(client, clock, tokens, whole_cluster_may_be_lost):
@@ -175,13 +175,13 @@ def test_the_flush_writes_every_held_time_across_batches(redis_client):
     count = liveness.FLUSH_BATCH * 2 + 7
     Node.objects.bulk_create(Node(id=f"n{i:04d}", last_heartbeat=START) for i in range(count))
     arrived = {f"n{i:04d}": START.timestamp() + i for i in range(count)}
-    redis_client.hset(liveness.HEARTBEATS_KEY, mapping={k: repr(v) for k, v in arrived.items()})
+    redis_client.hset(keys.HEARTBEATS, mapping={k: repr(v) for k, v in arrived.items()})
 
     assert liveness.flush_heartbeats() == count
 
     stored = dict(Node.objects.values_list("id", "last_heartbeat"))
     assert all(stored[node_id].timestamp() == at for node_id, at in arrived.items())
-    assert not redis_client.exists(liveness.HEARTBEATS_KEY)
+    assert not redis_client.exists(keys.HEARTBEATS)
 
 
 # -- most of the fleet silent at once -------------------------------------------------------------
@@ -283,5 +283,5 @@ def test_the_celery_task_reports_and_counts_a_sweep_that_held_back(client, clock
     summary = mark_stale_task()
 
     assert (summary["lost"], summary["held"]) == ([], 6)
-    counters = selfmetrics.read(redis_client.hgetall(selfmetrics.HASH))
+    counters = selfmetrics.read(redis_client.hgetall(keys.SELF_METRICS))
     assert (counters["swept:held"], counters["swept:lost"]) == (1, 0)

@@ -17,9 +17,9 @@ from django.db.models.signals import post_save, pre_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
-from inventory import shardversion
 from inventory.models.allocations import Allocation
 from inventory.models.nodes import Node
+from livestate import shardversion
 
 # Replica and shard ids are built from the name and travel in heartbeats as
 # node-id-like strings, so the name keeps to the same alphabet.

@@ -21,14 +21,16 @@ from datetime import UTC, datetime
 import redis
 from django.conf import settings
 
+import livestate
 from agent import protocol
 from inventory import desired, liveness
 from inventory.models import Liveness, Node, derive_state
 from inventory.registration import upsert_inventory
+from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics
+from livestate.cards import NodeCard
 from llmgw_site.logs import OccasionalWarning
-from nodes import loadstore, ratelimit, selfmetrics
-from nodes.api import beatscript, cards
-from nodes.api.cards import NodeCard
+from nodes import ratelimit
+from nodes.api.cards import from_database
 from nodes.api.rejections import Rejected
 from nodes.models import digest_matches, split_token
 
@@ -83,12 +85,12 @@ def authenticate(
         return Caller(_card_from_database(node_id, secret), cached=False, redis_up=False)
     match verdict.outcome:
         case beatscript.LOCKED:
-            remaining = ratelimit.seconds_left(received_at)
+            remaining = limits.seconds_left(received_at)
             raise Rejected(429, "authorization", ratelimit.TOO_MANY_REFUSED, "rate_limited", remaining)
         case beatscript.RATE:
             limit = settings.LLMGW_HEARTBEAT_PER_MINUTE
             reason = f"more than {limit} heartbeats with this token per minute"
-            raise Rejected(429, "rate", reason, "rate_limited", ratelimit.seconds_left(received_at))
+            raise Rejected(429, "rate", reason, "rate_limited", limits.seconds_left(received_at))
         case beatscript.UNAUTHORIZED:
             raise unauthorized()
         case beatscript.STALE:
@@ -105,7 +107,7 @@ def authenticate(
 
 
 def _card_from_database(node_id: str, secret: str, generation: int = 0) -> NodeCard:
-    card = cards.from_database(node_id, generation)
+    card = from_database(node_id, generation)
     if card is None or not digest_matches(secret, card.secret_digest):
         raise unauthorized()
     return card
@@ -143,9 +145,9 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
         store_card, written = False, True
     if caller.redis_up:
         try:
-            pipe = loadstore.client().pipeline(transaction=False)
+            pipe = livestate.client().pipeline(transaction=False)
             if not written:
-                liveness.note_heartbeat(pipe, card.node_id, received_at)
+                heartbeats.note(pipe, card.node_id, received_at)
             if beat.load is not None:
                 loadstore.save(card.node_id, beat.load, received_at, pipe)
             if store_card:

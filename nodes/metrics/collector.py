@@ -21,12 +21,13 @@ from prometheus_client import Metric
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
 
+import livestate
 from inventory.models import derive_state
-from nodes import loadstore, selfmetrics
-from nodes.metrics import families, inventory, loads
+from livestate import loadlines, loadstore, selfmetrics
+from livestate.samples import labelset, line
+from nodes.metrics import families, inventory
 from nodes.metrics.exposition import RenderedFamily
 from nodes.metrics.families import Family
-from nodes.metrics.lines import labelset, line
 from nodes.metrics.rowcache import RowCache
 
 log = logging.getLogger(__name__)
@@ -105,10 +106,10 @@ class Scrape:
         inv = inventory.read()
         node_ids = [row[0] for row in inv.nodes]
         try:
-            pipe = loadstore.client().pipeline(transaction=False)
+            pipe = livestate.client().pipeline(transaction=False)
             if node_ids:
-                pipe.mget([loadstore.lines_key(node_id) for node_id in node_ids])
-            pipe.hgetall(selfmetrics.HASH)
+                loadstore.queue_read_lines(pipe, node_ids)
+            selfmetrics.queue_read(pipe)
             replies = pipe.execute()
         except redis.RedisError as exc:
             # The inventory is still worth exporting; llmgw_loadstore_up says what is missing.
@@ -117,7 +118,7 @@ class Scrape:
         oldest = now - settings.LLMGW_LOAD_MAX_AGE
         fresh = []
         for node_id, raw in zip(node_ids, replies[0] if node_ids else [], strict=True):
-            stored = loads.parse(raw)
+            stored = loadlines.parse(raw)
             if stored is not None and stored.received_at >= oldest:
                 fresh.append((node_id, stored))
         return cls(inv, fresh, selfmetrics.read(replies[-1]), redis_ok=True)

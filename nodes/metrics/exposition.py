@@ -2,7 +2,7 @@
 
 prometheus_client chooses the format from the Accept header and writes every
 header and every ordinary family. A `RenderedFamily` carries sample lines that
-are already written (nodes.metrics.lines renders them exactly as
+are already written (livestate.samples renders them exactly as
 prometheus_client would); here they are joined under the header
 prometheus_client wrote for the family. Gauge and info sample lines read the
 same in the classic text format and in OpenMetrics, which is what makes lines

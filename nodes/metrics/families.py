@@ -6,31 +6,15 @@ family has the label `node`; shard families also `shard`, `replica`, `model`.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from livestate.loadlines import (
+    NODE_LOAD,
+    Family,
+)
 
-
-class Family(NamedTuple):
-    name: str
-    documentation: str
-    type: str = "gauge"
-
-    @property
-    def sample(self) -> str:
-        """The name its samples carry (an info family's samples end in `_info`)."""
-        return self.name + "_info" if self.type == "info" else self.name
-
-
-# From each node's latest load, while it is fresh (LLMGW_LOAD_MAX_AGE).
-CPU_UTILIZATION = Family("llmgw_node_cpu_utilization_percent", "CPU busy across all cores over the last interval.")
-CPUS = Family("llmgw_node_cpus", "Logical CPUs the node's load was measured on.")
-LOAD = Family("llmgw_node_load", "Load average over the window 1m, 5m or 15m.")
-MEMORY_USED = Family("llmgw_node_memory_used_bytes", "Memory used: MemTotal minus MemAvailable.")
-MEMORY_AVAILABLE = Family("llmgw_node_memory_available_bytes", "Memory available (MemAvailable).")
+# The node load families are defined beside the text a heartbeat renders from them
+# (livestate.loadlines); the rest are read from the database or the self-metrics hash.
 SHARD_CPU = Family("llmgw_shard_cpu_cores", "CPU cores busy in the shard's engine processes.")
 SHARD_MEMORY = Family("llmgw_shard_memory_bytes", "Resident memory of the shard's engine processes.")
-
-# The families a heartbeat renders, in the order of StoredLoad.lines.
-NODE_LOAD = (CPU_UTILIZATION, CPUS, LOAD, MEMORY_USED, MEMORY_AVAILABLE)
 
 # From the inventory; they stay while the node is in it, whatever its load.
 MEMORY_TOTAL = Family("llmgw_node_memory_bytes", "Memory installed (MemTotal), as the agent reported it.")

@@ -13,8 +13,8 @@ import redis
 from django.conf import settings
 
 from agent.protocol import Load
-from nodes import loadstore
-from nodes.loadstore import StoredLoad
+from livestate import loadstore
+from livestate.loadstore import StoredLoad
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +96,7 @@ def fresh_figures(node_ids: list[str], now: float) -> dict[str, Figures]:
         return {}
     oldest = now - settings.LLMGW_LOAD_MAX_AGE
     found = {}
-    for node_id, raw in zip(node_ids, loadstore.client().mget([loadstore.key(i) for i in node_ids]), strict=True):
+    for node_id, raw in zip(node_ids, loadstore.read_raw(node_ids), strict=True):
         if raw is None:
             continue
         try:

@@ -17,15 +17,16 @@ import msgspec
 import redis
 from django.db.models import Count, Exists, OuterRef, Q
 
+import livestate
 from inventory.models import GPU, GPUClaim, Node, NodeState
 from inventory.models.gpus import HEALTH_OK
 from inventory.queries import STATE_FILTERS
-from nodes import loadstore
+from livestate import keys
 from nodes.views.loads import REDIS_DOWN, fresh_figures
 
 log = logging.getLogger(__name__)
 
-TOTALS_KEY = "llmgw:pages:fleet-totals"
+TOTALS_KEY = keys.FLEET_TOTALS
 TOTALS_MAX_AGE = 5.0
 
 
@@ -105,7 +106,7 @@ def compute_totals(now: float) -> FleetTotals:
 
 def fleet_totals(now: float) -> tuple[FleetTotals, str | None]:
     """The shared totals if fresh enough, else computed now and shared."""
-    client = loadstore.client()
+    client = livestate.client()
     try:
         raw = client.get(TOTALS_KEY)
         if raw is not None:

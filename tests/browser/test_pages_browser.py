@@ -13,7 +13,7 @@ from agent.protocol import Load, ShardLoad
 from devstack.polling import wait_until
 from inventory.liveness import change_liveness
 from inventory.models import Allocation, GPUClaim, Liveness
-from nodes import loadstore
+from livestate import loadstore
 from tests.browser.conftest import log_in
 from tests.conftest import make_inventory
 from tests.prometheus import ExpositionServer, PrometheusServer

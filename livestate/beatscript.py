@@ -11,8 +11,13 @@ version and cached shard list.
 Whatever it cannot settle it hands back without writing anything: a card that
 is missing or stale (`stale`: the caller reads the database), a node coming
 back to life or a new inventory (`card`: the caller writes the database). Its
-counters use the same keys as `nodes.ratelimit`, so its limits are those of
+counters use the same keys as `livestate.limits`, so its limits are those of
 the rest of the agent API.
+
+The script's KEYS and ARGV are built by name (`BeatKeys`, `BeatArgs`): each
+field's position is its position in the script, where the same names are
+assigned from KEYS[n] and ARGV[n] at the top (tests/test_beatscript.py
+compares the two).
 
 Each process sends the script on a connection of its own rather than through
 redis-py's client, whose pool, retries and hooks cost the call about as much
@@ -26,14 +31,14 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import redis
 from django.conf import settings
 
-from inventory import desired, liveness, shardversion
-from nodes import loadstore, ratelimit
-from nodes.api import cards
-from nodes.api.cards import NodeCard
+import livestate
+from livestate import cards, keys, limits, loadstore, shardversion
+from livestate.cards import NodeCard
 
 SOURCE = (Path(__file__).parent / "beatscript.lua").read_text()
 SHA = hashlib.sha1(SOURCE.encode()).hexdigest()
@@ -64,26 +69,27 @@ class _Connection:
         self.pid = 0
         self.connection = None
 
-    def call(self, keys: list, args: list):
+    def call(self, script_keys: tuple, args: tuple):
         connection = self._current()
         try:
             try:
-                return self._send(connection, "EVALSHA", SHA, keys, args)
+                return self._send(connection, "EVALSHA", SHA, script_keys, args)
             except redis.exceptions.NoScriptError:
                 # A restarted Redis has forgotten the script: EVAL loads it again.
-                return self._send(connection, "EVAL", SOURCE, keys, args)
+                return self._send(connection, "EVAL", SOURCE, script_keys, args)
         except (redis.ConnectionError, redis.TimeoutError):
             # The next call connects afresh; this one is answered from the database.
             connection.disconnect()
             raise
 
     @staticmethod
-    def _send(connection, command: str, script: str, keys: list, args: list):
-        connection.send_packed_command(connection.pack_command(command, script, len(keys), *keys, *args), False)
+    def _send(connection, command: str, script: str, script_keys: tuple, args: tuple):
+        packed = connection.pack_command(command, script, len(script_keys), *script_keys, *args)
+        connection.send_packed_command(packed, False)
         return connection.read_response()
 
     def _current(self):
-        client = loadstore.client()
+        client = livestate.client()
         if self.connection is None or self.client is not client or self.pid != os.getpid():
             if self.connection is not None and self.pid == os.getpid():
                 self.connection.disconnect()
@@ -100,6 +106,36 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()[:32]
 
 
+class BeatKeys(NamedTuple):
+    """The script's KEYS, in its order."""
+
+    refused_key: str
+    rate_key: str
+    card_key: str
+    generation_key: str
+    heartbeats_key: str
+    load_key: str
+    load_lines_key: str
+    shard_versions_key: str
+    node_shards_key: str
+
+
+class BeatArgs(NamedTuple):
+    """The script's ARGV, in its order."""
+
+    refused_allowed: int
+    heartbeats_allowed: int
+    counter_expiry: int
+    secret_digest: str
+    node_id: str
+    received_at: str
+    mode: str
+    load: bytes
+    load_lines: bytes
+    load_expiry: int
+    salt: str
+
+
 def run(
     node_id: str,
     secret: str,
@@ -110,33 +146,33 @@ def run(
     load: loadstore.RenderedLoad | None = None,
 ) -> Verdict:
     """Admit a heartbeat of `node_id` and, with `apply`, apply it if it is ordinary (raises redis errors)."""
-    fail_key = ratelimit.window_key(f"fail:{address}", now)
-    rate_key = ratelimit.window_key(f"heartbeat:{token_digest(token)}", now)
-    keys = [
-        fail_key,
-        rate_key,
-        cards.card_key(node_id),
-        cards.generation_key(node_id),
-        liveness.HEARTBEATS_KEY,
-        loadstore.key(node_id),
-        loadstore.lines_key(node_id),
-        shardversion.KEY,
-        desired.cache_key(node_id),
-    ]
-    args = [
-        settings.LLMGW_AUTH_FAILURES_PER_MINUTE,
-        settings.LLMGW_HEARTBEAT_PER_MINUTE,
-        ratelimit.WINDOW + 1,
-        hashlib.sha256(secret.encode()).hexdigest(),
-        node_id,
-        repr(now),
-        "apply" if apply else "check",
-        load.encoded if load else b"",
-        load.lines if load else b"",
-        loadstore.expiry_seconds(),
-        secrets.token_hex(8),
-    ]
-    answer = _connection.call(keys, args)
+    node = keys.of_node(node_id)
+    minute = limits.minute(now)
+    script_keys = BeatKeys(
+        refused_key=keys.limit(keys.refused_tokens(address), minute),
+        rate_key=keys.limit(keys.token_heartbeats(token_digest(token)), minute),
+        card_key=node.card,
+        generation_key=node.generation,
+        heartbeats_key=keys.HEARTBEATS,
+        load_key=node.load,
+        load_lines_key=node.load_lines,
+        shard_versions_key=keys.SHARD_VERSIONS,
+        node_shards_key=node.node_shards,
+    )
+    args = BeatArgs(
+        refused_allowed=settings.LLMGW_AUTH_FAILURES_PER_MINUTE,
+        heartbeats_allowed=settings.LLMGW_HEARTBEAT_PER_MINUTE,
+        counter_expiry=limits.WINDOW + 1,
+        secret_digest=hashlib.sha256(secret.encode()).hexdigest(),
+        node_id=node_id,
+        received_at=repr(now),
+        mode="apply" if apply else "check",
+        load=load.encoded if load else b"",
+        load_lines=load.lines if load else b"",
+        load_expiry=loadstore.expiry_seconds(),
+        salt=secrets.token_hex(8),
+    )
+    answer = _connection.call(script_keys, args)
     outcome = answer[0].decode()
     if outcome == STALE:
         return Verdict(outcome, generation=int(answer[1]))

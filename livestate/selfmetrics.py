@@ -15,11 +15,11 @@ import time
 
 import redis
 
-from nodes import loadstore
+import livestate
+from livestate import keys
 
 log = logging.getLogger(__name__)
 
-HASH = "llmgw:selfmetrics"
 
 # Upper bounds (seconds) of the heartbeat handling-time histogram.
 HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -61,15 +61,15 @@ def add(pipe, fields: dict[str, float]) -> None:
     """Queue increments on a pipeline (or client); integers stay integers."""
     for name, value in fields.items():
         if isinstance(value, int) and not name.endswith(":sum"):
-            pipe.hincrby(HASH, name, int(value))
+            pipe.hincrby(keys.SELF_METRICS, name, int(value))
         else:
-            pipe.hincrbyfloat(HASH, name, value)
+            pipe.hincrbyfloat(keys.SELF_METRICS, name, value)
 
 
 def record(fields: dict[str, float]) -> None:
     """Send increments on their own; losing them when Redis is down is acceptable."""
     try:
-        pipe = loadstore.client().pipeline(transaction=False)
+        pipe = livestate.client().pipeline(transaction=False)
         add(pipe, fields)
         pipe.execute()
     except redis.RedisError as exc:
@@ -110,3 +110,8 @@ def read(raw: dict[bytes, bytes]) -> dict[str, float]:
         if math.isfinite(number):
             values[name.decode()] = number
     return values
+
+
+def queue_read(pipe) -> None:
+    """Queue the read of every counter on a pipeline the caller sends anyway; `read` decodes the answer."""
+    pipe.hgetall(keys.SELF_METRICS)

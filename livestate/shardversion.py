@@ -1,9 +1,9 @@
 """Counters in Redis that move whenever what a node's agent should run may have changed.
 
 Each node's shard list is cached in Redis under the counters it was read at
-(`inventory.desired`) and read from the database again only when that node's
-counter (or the counter of every node, moved when a deployment changes) has
-moved: an unchanged heartbeat reads no row, and a change on one node sends
+(`livestate.shardlists`, used by `inventory.desired`) and read from the database
+again only when that node's counter (or the counter of every node, moved when a
+deployment changes) has moved: an unchanged heartbeat reads no row, and a change on one node sends
 only that node's agent back to the database.
 """
 
@@ -15,11 +15,11 @@ from collections.abc import Iterable
 import redis
 from django.db import transaction
 
-from nodes import loadstore
+import livestate
+from livestate import keys
 
 log = logging.getLogger(__name__)
 
-KEY = "llmgw:shards:versions"
 EVERY_NODE = "*"
 
 
@@ -40,9 +40,9 @@ def bump(node_ids: Iterable[str | None] | None = None) -> None:
 
 def _incr(fields: list[str]) -> None:
     try:
-        pipe = loadstore.client().pipeline(transaction=False)
+        pipe = livestate.client().pipeline(transaction=False)
         for name in fields:
-            pipe.hincrby(KEY, name, 1)
+            pipe.hincrby(keys.SHARD_VERSIONS, name, 1)
         pipe.execute()
     except redis.RedisError as exc:
         log.warning("could not bump the shard versions: %s", exc)
@@ -50,7 +50,7 @@ def _incr(fields: list[str]) -> None:
 
 def queue_read(pipe, node_id: str) -> None:
     """Queue the read of the node's counter and every node's on a pipeline; `parse` reads the answer."""
-    pipe.hmget(KEY, [node_id, EVERY_NODE])
+    pipe.hmget(keys.SHARD_VERSIONS, [node_id, EVERY_NODE])
 
 
 def parse(answer) -> tuple[int, int]:

@@ -3,7 +3,7 @@
 A load describes a moment; a restored one would be stale. Each node has two
 keys, written together: its latest load with the time it arrived on the
 control plane's clock (for the pages), and the same load already rendered as
-/metrics sample lines (nodes.metrics.loads), so that a scrape of the whole
+/metrics sample lines (livestate.loadlines), so that a scrape of the whole
 fleet reads ready text instead of formatting every sample again. Readers
 fetch many nodes in one round trip and must treat a load older than
 LLMGW_LOAD_MAX_AGE as unknown, never as the last value.
@@ -16,14 +16,12 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 import msgspec
-import redis
 from django.conf import settings
 
+import livestate
 from agent.protocol import Load
-from nodes.metrics import loads as load_lines
-
-KEY_PREFIX = "llmgw:load:"
-LINES_PREFIX = "llmgw:loadlines:"
+from livestate import keys
+from livestate import loadlines as load_lines
 
 
 class StoredLoad(msgspec.Struct, frozen=True):
@@ -39,31 +37,6 @@ class StoredLoad(msgspec.Struct, frozen=True):
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(StoredLoad)
-
-_client: redis.Redis | None = None
-
-
-def client() -> redis.Redis:
-    """A shared client with short timeouts: a dead Redis must not hang a request."""
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(
-            settings.REDIS_URL, socket_timeout=1, socket_connect_timeout=1, health_check_interval=30
-        )
-    return _client
-
-
-def reset_client() -> None:
-    global _client
-    _client = None
-
-
-def key(node_id: str) -> str:
-    return KEY_PREFIX + node_id
-
-
-def lines_key(node_id: str) -> str:
-    return LINES_PREFIX + node_id
 
 
 def encode(load: Load, received_at: float) -> bytes:
@@ -88,13 +61,26 @@ def expiry_seconds() -> int:
 
 def save(node_id: str, load: Load, received_at: float, pipe=None) -> None:
     """Store a node's load and its /metrics lines; both expire once nobody may show them."""
-    target = pipe if pipe is not None else client().pipeline(transaction=False)
+    target = pipe if pipe is not None else livestate.client().pipeline(transaction=False)
     expiry = expiry_seconds()
     rendered = render(node_id, load, received_at)
-    target.set(key(node_id), rendered.encoded, ex=expiry)
-    target.set(lines_key(node_id), rendered.lines, ex=expiry)
+    target.set(keys.load(node_id), rendered.encoded, ex=expiry)
+    target.set(keys.load_lines(node_id), rendered.lines, ex=expiry)
     if pipe is None:
         target.execute()
+
+
+def read_raw(node_ids: list[str]) -> list[bytes | None]:
+    """The stored loads of many nodes, undecoded, in one round trip (raises redis errors).
+
+    For readers that decode only part of a load (nodes/views/loads.py).
+    """
+    return livestate.client().mget([keys.load(i) for i in node_ids])
+
+
+def queue_read_lines(pipe, node_ids: list[str]) -> None:
+    """Queue the read of many nodes' /metrics lines on a pipeline; `loadlines.parse` reads each answer."""
+    pipe.mget([keys.load_lines(i) for i in node_ids])
 
 
 def fetch(node_ids: Iterable[str], fresh_only: bool = True, now: float | None = None) -> dict[str, StoredLoad]:
@@ -104,7 +90,7 @@ def fetch(node_ids: Iterable[str], fresh_only: bool = True, now: float | None = 
         return {}
     now = now if now is not None else time.time()
     found = {}
-    for node_id, raw in zip(ids, client().mget([key(i) for i in ids]), strict=True):
+    for node_id, raw in zip(ids, read_raw(ids), strict=True):
         if raw is None:
             continue
         try:

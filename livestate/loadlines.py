@@ -3,14 +3,14 @@
 This is kube-state-metrics' idea: render an object's series when the object
 changes, so that a scrape only concatenates. A node's load changes with every
 heartbeat and is read by every scrape, so the heartbeat renders it and
-loadstore keeps the text beside the load; a scrape at 10,000 nodes then joins
+livestate.loadstore keeps the text beside the load; a scrape at 10,000 nodes then joins
 byte strings instead of formatting 150,000 samples.
 
 The text, as stored:
 
     <received_at>\\n<lines of family 0>\\x1e … <lines of family 4>\\x1e<shard records>
 
-with the families of `families.NODE_LOAD` in order, and one record per shard,
+with the families of `NODE_LOAD` in order, and one record per shard,
 `<shard>\\x1f<cpu cores>\\x1f<resident bytes>\\n`, its values already formatted.
 Shard lines themselves are finished at the scrape: their `replica` and `model`
 labels come from the allocations in the database, which a heartbeat does not
@@ -22,8 +22,32 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from agent.protocol import Load
-from nodes.metrics import families
-from nodes.metrics.lines import labelset, line, value
+from livestate.samples import labelset, line, value
+
+
+class Family(NamedTuple):
+    """A /metrics family: its name, help text and type (nodes/metrics/families.py lists them all)."""
+
+    name: str
+    documentation: str
+    type: str = "gauge"
+
+    @property
+    def sample(self) -> str:
+        """The name its samples carry (an info family's samples end in `_info`)."""
+        return self.name + "_info" if self.type == "info" else self.name
+
+
+# From each node's latest load, while it is fresh (LLMGW_LOAD_MAX_AGE). Defined
+# here because their names are part of the text a heartbeat stores.
+CPU_UTILIZATION = Family("llmgw_node_cpu_utilization_percent", "CPU busy across all cores over the last interval.")
+CPUS = Family("llmgw_node_cpus", "Logical CPUs the node's load was measured on.")
+LOAD = Family("llmgw_node_load", "Load average over the window 1m, 5m or 15m.")
+MEMORY_USED = Family("llmgw_node_memory_used_bytes", "Memory used: MemTotal minus MemAvailable.")
+MEMORY_AVAILABLE = Family("llmgw_node_memory_available_bytes", "Memory available (MemAvailable).")
+
+# The families a heartbeat renders, in the order of the stored text.
+NODE_LOAD = (CPU_UTILIZATION, CPUS, LOAD, MEMORY_USED, MEMORY_AVAILABLE)
 
 WINDOWS = ("1m", "5m", "15m")
 FAMILY_SEPARATOR = b"\x1e"
@@ -34,14 +58,14 @@ def render(node_id: str, load: Load, received_at: float) -> bytes:
     node = labelset(node=node_id)
     averages = (load.load1, load.load5, load.load15)
     parts = [
-        line(families.CPU_UTILIZATION.name, node, load.cpu_percent),
-        line(families.CPUS.name, node, load.cpus),
+        line(CPU_UTILIZATION.name, node, load.cpu_percent),
+        line(CPUS.name, node, load.cpus),
         "".join(
-            line(families.LOAD.name, labelset(node=node_id, window=window), average)
+            line(LOAD.name, labelset(node=node_id, window=window), average)
             for window, average in zip(WINDOWS, averages, strict=True)
         ),
-        line(families.MEMORY_USED.name, node, load.memory_used_bytes),
-        line(families.MEMORY_AVAILABLE.name, node, load.memory_available_bytes),
+        line(MEMORY_USED.name, node, load.memory_used_bytes),
+        line(MEMORY_AVAILABLE.name, node, load.memory_available_bytes),
         "".join(f"{s.shard}\x1f{value(s.cpu_cores)}\x1f{value(s.rss_bytes)}\n" for s in load.shards),
     ]
     return f"{received_at!r}\n".encode() + FAMILY_SEPARATOR.join(part.encode() for part in parts)
@@ -61,7 +85,7 @@ def parse(raw: bytes | None) -> Rendered | None:
         return None
     head, _, body = raw.partition(b"\n")
     parts = body.split(FAMILY_SEPARATOR)
-    if len(parts) != len(families.NODE_LOAD) + 1:
+    if len(parts) != len(NODE_LOAD) + 1:
         return None
     try:
         received_at = float(head)

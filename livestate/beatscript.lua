@@ -1,0 +1,73 @@
+-- An agent's heartbeat, admitted and (when it is an ordinary one) applied in one round trip.
+-- livestate/beatscript.py calls this and explains it. It builds KEYS and ARGV by name
+-- (BeatKeys, BeatArgs), in the order of the assignments below; tests/test_beatscript.py
+-- holds the two to the same names.
+
+local refused_key = KEYS[1]        -- refused-token counter of the address
+local rate_key = KEYS[2]           -- heartbeat counter of the token
+local card_key = KEYS[3]           -- node card
+local generation_key = KEYS[4]     -- node generation
+local heartbeats_key = KEYS[5]     -- heartbeat times (hash)
+local load_key = KEYS[6]           -- load
+local load_lines_key = KEYS[7]     -- load's /metrics lines
+local shard_versions_key = KEYS[8] -- shard versions (hash)
+local node_shards_key = KEYS[9]    -- node's cached shards
+
+local refused_allowed = ARGV[1]    -- refused tokens allowed
+local heartbeats_allowed = ARGV[2] -- heartbeats allowed
+local counter_expiry = ARGV[3]     -- counter expiry (s)
+local secret_digest = ARGV[4]      -- SHA-256 of the secret
+local node_id = ARGV[5]            -- node id
+local received_at = ARGV[6]        -- arrival time
+local mode = ARGV[7]               -- "apply" or "check"
+local load = ARGV[8]               -- load, or empty
+local load_lines = ARGV[9]         -- load lines, or empty
+local load_expiry = ARGV[10]       -- load expiry (s)
+local salt = ARGV[11]              -- a random salt
+
+local refused = tonumber(redis.call('GET', refused_key) or '0')
+if refused >= tonumber(refused_allowed) then
+  return {'locked'}
+end
+local hits = redis.call('INCR', rate_key)
+if hits == 1 then
+  redis.call('EXPIRE', rate_key, counter_expiry)
+end
+if hits > tonumber(heartbeats_allowed) then
+  return {'rate'}
+end
+
+local raw = redis.call('GET', card_key)
+local generation = tonumber(redis.call('GET', generation_key) or '0')
+if not raw then
+  return {'stale', generation}
+end
+local decoded, card = pcall(cmsgpack.unpack, raw)
+-- A card is [node id, secret digest, liveness, admin state, inventory hash, generation].
+if not decoded or type(card) ~= 'table' or card[6] ~= generation then
+  return {'stale', generation}
+end
+
+-- The digests are compared through a hash salted afresh for every request, so how
+-- long the comparison takes depends on neither of them: a guesser learns nothing of
+-- how near it came. A revoked card's digest is empty.
+local expected = card[2]
+if type(expected) ~= 'string' or #expected == 0 then
+  return {'unauthorized'}
+end
+if redis.sha1hex(salt .. expected) ~= redis.sha1hex(salt .. secret_digest) then
+  return {'unauthorized'}
+end
+
+-- A node coming back to life, or a new inventory, is the database's business.
+if mode ~= 'apply' or card[3] ~= 'alive' then
+  return {'card', raw}
+end
+redis.call('HSET', heartbeats_key, node_id, received_at)
+if load ~= '' then
+  redis.call('SET', load_key, load, 'EX', load_expiry)
+  redis.call('SET', load_lines_key, load_lines, 'EX', load_expiry)
+end
+-- '*' is the field of every node's counter (livestate.shardversion.EVERY_NODE).
+local versions = redis.call('HMGET', shard_versions_key, node_id, '*')
+return {'applied', raw, versions[1], versions[2], redis.call('GET', node_shards_key)}

@@ -1,0 +1,73 @@
+"""What the heartbeat path needs to know of a node, cached in Redis.
+
+An ordinary heartbeat must not read the database: at 2,000 heartbeats a second
+that read would be most of the cost. So each node has a *card* in Redis (its
+token digest, liveness, admin state and inventory hash) and a *generation*
+counter. Whatever changes what a card holds bumps the node's generation
+(`invalidate`); a card remembers the generation it was read under and is used
+only while that is still the current one. Building a card from the database is
+the web app's business (nodes/api/cards.py), which also decides when to
+invalidate.
+
+`invalidate` bumps twice, now and after the transaction commits: a reader that
+fetched the generation between the two read the old row, and the second bump
+makes its card stale. A reader fetches the generation before it reads the
+database, so it can never store an old row under a new generation.
+
+If Redis is down when a change commits, nothing is bumped; the card's expiry is
+the backstop for that case, and until then heartbeats go to the database anyway.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+import redis
+from django.db import transaction
+
+import livestate
+from livestate import keys
+
+log = logging.getLogger(__name__)
+
+# Only a backstop (see above); long enough that re-reading every card costs the
+# database a few reads a second across a 10,000-node fleet.
+CARD_TTL_SECONDS = 300
+
+
+class NodeCard(msgspec.Struct, array_like=True):
+    # The beat script reads these by position (livestate/beatscript.lua): append, never reorder.
+    node_id: str
+    # Empty once the token is revoked: no secret matches it.
+    secret_digest: str
+    liveness: str
+    admin_state: str
+    inventory_hash: str
+    generation: int = 0
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(NodeCard)
+
+
+def decode(raw: bytes) -> NodeCard:
+    return _decoder.decode(raw)
+
+
+def store(pipe, card: NodeCard) -> None:
+    """Queue the card on a pipeline the caller sends anyway."""
+    pipe.set(keys.card(card.node_id), _encoder.encode(card), ex=CARD_TTL_SECONDS)
+
+
+def invalidate(node_id: str) -> None:
+    """Make every cached card of the node stale, now and once the transaction commits."""
+    _bump(node_id)
+    transaction.on_commit(lambda: _bump(node_id))
+
+
+def _bump(node_id: str) -> None:
+    try:
+        livestate.client().incr(keys.generation(node_id))
+    except redis.RedisError as exc:
+        log.warning("node card of %s not invalidated (it expires in %d s): %s", node_id, CARD_TTL_SECONDS, exc)

@@ -1,0 +1,98 @@
+"""Every Redis key and key prefix the control plane uses, and how node ids and names join them.
+
+Defined here once so that a reader sees the whole keyspace, and no two modules
+can drift apart on a key they share (the beat script reads keys that five other
+modules write).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import NamedTuple
+
+# A node's latest load with its arrival time, msgpack (livestate.loadstore); expires.
+LOAD_PREFIX = "llmgw:load:"
+# The same load rendered as /metrics sample lines (livestate.loadlines); expires with it.
+LOAD_LINES_PREFIX = "llmgw:loadlines:"
+# What the heartbeat path knows of a node (livestate.cards), msgpack; expires.
+CARD_PREFIX = "llmgw:nodecard:"
+# A node's card generation: bumped by every change a card holds (livestate.cards).
+GENERATION_PREFIX = "llmgw:nodegen:"
+# Hash: node id → arrival time of its latest heartbeat not yet in the database (livestate.heartbeats).
+HEARTBEATS = "llmgw:liveness:heartbeats"
+# Hash: node id (or "*" for every node) → counter moved when its shards may change (livestate.shardversion).
+SHARD_VERSIONS = "llmgw:shards:versions"
+# A node's shard list cached under the shard versions it was read at (livestate.shardlists); expires.
+NODE_SHARDS_PREFIX = "llmgw:nodeshards:"
+# Fixed-minute counters of the agent API limits, `<prefix><name>:<minute>` (livestate.limits); expire.
+LIMIT_PREFIX = "llmgw:limit:"
+# Hash: the control plane's own counters, shared by every process (livestate.selfmetrics).
+SELF_METRICS = "llmgw:selfmetrics"
+# Lock held by the reconcile pass running now (livestate.locks); expires if its worker dies.
+RECONCILE_LOCK = "llmgw:reconcile"
+# The cluster page's fleet totals, shared by every web worker for a few seconds (nodes/views/summary.py).
+FLEET_TOTALS = "llmgw:pages:fleet-totals"
+
+
+def load(node_id: str) -> str:
+    return LOAD_PREFIX + node_id
+
+
+def load_lines(node_id: str) -> str:
+    return LOAD_LINES_PREFIX + node_id
+
+
+def card(node_id: str) -> str:
+    return CARD_PREFIX + node_id
+
+
+def generation(node_id: str) -> str:
+    return GENERATION_PREFIX + node_id
+
+
+def node_shards(node_id: str) -> str:
+    return NODE_SHARDS_PREFIX + node_id
+
+
+class NodeKeys(NamedTuple):
+    """A node's own keys, as the beat script needs them."""
+
+    card: str
+    generation: str
+    load: str
+    load_lines: str
+    node_shards: str
+
+
+# Built once per node: a heartbeat would otherwise join the same five strings
+# every time. Bounded, since the node id comes from a token not yet checked.
+@lru_cache(maxsize=1 << 15)
+def of_node(node_id: str) -> NodeKeys:
+    return NodeKeys(
+        card=card(node_id),
+        generation=generation(node_id),
+        load=load(node_id),
+        load_lines=load_lines(node_id),
+        node_shards=node_shards(node_id),
+    )
+
+
+# The names of the limit counters; `limit()` adds the minute.
+def refused_tokens(address: str) -> str:
+    """Credentials refused to this address."""
+    return f"fail:{address}"
+
+
+def registrations(address: str) -> str:
+    """Registrations from this address."""
+    return f"register:{address}"
+
+
+def token_heartbeats(token_digest: str) -> str:
+    """Heartbeats sent with the token of this digest (never the token itself)."""
+    return f"heartbeat:{token_digest}"
+
+
+def limit(name: str, minute: int) -> str:
+    """The counter of `name` for the minute numbered `minute` since the epoch."""
+    return f"{LIMIT_PREFIX}{name}:{minute}"

@@ -1,0 +1,13 @@
+"""Locks in Redis that keep periodic work from overlapping across workers."""
+
+from __future__ import annotations
+
+from redis.lock import Lock
+
+import livestate
+from livestate import keys
+
+
+def reconcile_lock(timeout: float) -> Lock:
+    """The lock of the reconcile pass, not yet acquired; it expires after `timeout` s if its holder dies."""
+    return livestate.client().lock(keys.RECONCILE_LOCK, timeout=timeout, blocking=False)
