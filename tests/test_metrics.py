@@ -260,11 +260,11 @@ def test_a_scrape_runs_the_same_queries_whatever_the_fleet_size(
 def test_a_database_failure_is_answered_503_not_a_cut_off_body(client, db, redis_client, monkeypatch):
     from django.db import OperationalError
 
-    from nodes.metrics import inventory
+    from nodes.metrics import inventory_series
 
     def unavailable():
         raise OperationalError("the database is down")
 
-    monkeypatch.setattr(inventory, "read", unavailable)
+    monkeypatch.setattr(inventory_series, "read", unavailable)
     response = client.get("/metrics")
     assert response.status_code == 503
