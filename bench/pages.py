@@ -83,7 +83,7 @@ def run() -> int:
     from inventory.models import Node
     from nodes import loadstore
     from nodes.views.summary import TOTALS_KEY
-    from tests.pages_fleet import make_fleet
+    from tests.factories import make_fleet
 
     def expire_totals() -> None:
         loadstore.client().delete(TOTALS_KEY)

@@ -9,8 +9,8 @@ nodes as one filtered row by row. The displayed state is
 from __future__ import annotations
 
 from django.db.models import Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery
-from django.db.models.functions import Coalesce
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Coalesce
 from django.db.models.lookups import Exact
 
 from inventory.models import GPU

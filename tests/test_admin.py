@@ -160,7 +160,7 @@ def test_filter_by_state(client, operator, cluster, state):
 
 def test_filter_by_gpu_class_label_and_fabric_and_search(client, operator, cluster):
     from inventory.registration import upsert_inventory
-    from tests.conftest import make_inventory
+    from tests.factories import make_inventory
 
     upsert_inventory(
         "l4-1",
@@ -184,7 +184,7 @@ def test_changelist_query_count_does_not_grow_with_the_fleet(client, operator, d
     from django.test.utils import CaptureQueriesContext
 
     from inventory.registration import upsert_inventory
-    from tests.conftest import make_inventory
+    from tests.factories import make_inventory
 
     client.force_login(operator)
 

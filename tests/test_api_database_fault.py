@@ -15,7 +15,7 @@ from inventory.models import Node
 from nodes import loadstore, selfmetrics
 from nodes.api import cards, outage
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post, register, reply_of
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 from tests.services import database_unreachable
 
 pytestmark = [pytest.mark.django_db(transaction=True)]

@@ -13,7 +13,7 @@ from nodes import loadstore
 from nodes.api import heartbeats
 from nodes.models import NodeToken
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 from tests.services import RedisServer
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]

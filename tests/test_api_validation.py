@@ -14,7 +14,7 @@ from agent import protocol
 from inventory.liveness import HEARTBEATS_KEY
 from nodes import loadstore
 from tests.agentapi import JOIN_TOKEN, a_load, database_snapshot, post, register
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = [pytest.mark.django_db]
 

@@ -15,7 +15,7 @@ import requests
 from agent import protocol
 from scripts.stack import Stack
 from tests.agentapi import JOIN_TOKEN
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 from tests.services import free_port, wait_until
 
 pytestmark = [pytest.mark.slow]

@@ -12,7 +12,7 @@ from agent import protocol
 from inventory.desired import sync_node
 from inventory.models import Allocation, Deployment, Engine, GPUClaim, Node, Replica, ReplicaState, Shard
 from inventory.reconcile import reconcile
-from tests.placement_fleet import deployment, node
+from tests.factories import deployment, node
 from tests.services import redis_unreachable
 
 pytestmark = pytest.mark.django_db

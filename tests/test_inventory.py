@@ -5,13 +5,13 @@ from datetime import timedelta
 import pytest
 from django.db import IntegrityError, transaction
 from django.utils import timezone
+from inventory.allocations import allocate, cluster_fabrics, release_replica, release_shard
 
 from agent import protocol
-from inventory.allocations import allocate, cluster_fabrics, release_replica, release_shard
 from inventory.liveness import touch
 from inventory.models import GPU, AdminState, Allocation, Liveness, Node, NodeState, derive_state, gpu_class
 from inventory.registration import upsert_inventory
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = pytest.mark.django_db
 

@@ -7,12 +7,12 @@ import time
 import pytest
 import time_machine
 from django.test import Client
+from inventory.allocations import allocate
 
 from agent import protocol
-from inventory.allocations import allocate
 from inventory.models import Filesystem, Node
 from nodes import loadstore, selfmetrics
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 from tests.metrics_scrape import TEXT, body, named, of, samples
 from tests.services import redis_unreachable
 
@@ -245,10 +245,10 @@ def test_only_get(client, db):
 def test_a_scrape_runs_the_same_queries_whatever_the_fleet_size(
     client, db, redis_client, count, django_assert_num_queries
 ):
-    from tests import fleet
+    from tests import factories
 
-    ids = fleet.build(count, at=time.time())
-    fleet.save_loads(ids, time.time())
+    ids = factories.build(count, at=time.time())
+    factories.save_loads(ids, time.time())
     with django_assert_num_queries(5):
         found = scrape(client)
     assert len(named(found, "llmgw_shard_cpu_cores")) == 4 * count

@@ -49,6 +49,7 @@ def test_a_line_is_what_prometheus_client_writes(value, number):
 @pytest.fixture
 def populated(cluster, redis_client):
     from inventory.allocations import allocate
+
     from nodes import selfmetrics
 
     allocate(cluster["ready-1"], "s-0", "r-0", [0, 1], memory_gb=16, model='odd "model"\\name')

@@ -16,9 +16,7 @@ from inventory.models import REPLICA_COLOURS, AdminState, Allocation, GPUClaim, 
 from inventory.reconcile import reconcile
 from inventory.registration import upsert_inventory
 from nodes import loadstore
-from tests.conftest import make_inventory
-from tests.pages_fleet import make_fleet
-from tests.placement_fleet import deployment
+from tests.factories import deployment, make_fleet, make_inventory
 from tests.services import free_port, redis_unreachable
 
 HTMX = {"HTTP_HX_REQUEST": "true"}

@@ -11,9 +11,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from inventory.allocations import allocate
 
 from agent import protocol
-from inventory.allocations import allocate
 from nodes import loadstore
 from tests.services import free_port, wait_until
 

@@ -26,7 +26,7 @@ from inventory.models import (
     Shard,
 )
 from inventory.reconcile import reconcile
-from tests.placement_fleet import deployment, node
+from tests.factories import deployment, node
 
 GPU_NAMES = {"NVIDIA H100 80GB HBM3": "H100-80GB", "NVIDIA A100-SXM4-40GB": "A100-40GB"}
 STATES = [

@@ -5,10 +5,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from inventory.allocations import allocate
 
 from agent import protocol
 from inventory import liveness
-from inventory.allocations import allocate
 from inventory.models import AdminState, Allocation, Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
 from nodes import selfmetrics

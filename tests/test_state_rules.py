@@ -13,7 +13,7 @@ from inventory.liveness import mark_stale, touch
 from inventory.models import AdminState, Liveness, Node, NodeEvent, NodeState
 from inventory.operator import ACTIONS, set_admin_state
 from inventory.registration import upsert_inventory
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = pytest.mark.django_db
 
@@ -92,6 +92,7 @@ def test_a_sweep_run_twice_changes_nothing_twice():
 
 def test_lost_node_releases_its_replicas_whole():
     from inventory.allocations import allocate
+
     from inventory.models import Allocation
 
     now = timezone.now()

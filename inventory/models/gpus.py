@@ -60,8 +60,6 @@ def gpu_class(name: str, memory_bytes: int = 0) -> str:
 class GPU(models.Model):
     """One accelerator. `health` is "ok", or the reason it must not be used."""
 
-    objects = GPUQuerySet.as_manager()
-
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
     uuid = models.CharField(max_length=256, blank=True)
@@ -70,6 +68,8 @@ class GPU(models.Model):
     memory_bytes = models.BigIntegerField(default=0)
     ecc_errors = models.PositiveIntegerField(default=0)
     health = models.CharField(max_length=1024, default=HEALTH_OK)
+
+    objects = GPUQuerySet.as_manager()
 
     class Meta:
         ordering = ["node", "index"]

@@ -49,8 +49,6 @@ class Node(models.Model):
     whenever it reports a new inventory.
     """
 
-    objects = NodeQuerySet.as_manager()
-
     id = models.CharField(primary_key=True, max_length=128)
     hostname = models.CharField(max_length=256, blank=True)
     mgmt_addr = models.CharField("management address", max_length=256, blank=True)
@@ -86,6 +84,8 @@ class Node(models.Model):
     # On the control plane's clock, never the agent's.
     last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
     registered_at = models.DateTimeField(default=timezone.now)
+
+    objects = NodeQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]

@@ -14,7 +14,7 @@ from inventory.liveness import change_liveness
 from inventory.models import Allocation, GPUClaim, Liveness
 from nodes import loadstore
 from tests.browser.conftest import log_in
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 from tests.prometheus import ExpositionServer, PrometheusServer
 from tests.services import wait_until
 
