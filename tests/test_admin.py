@@ -136,12 +136,12 @@ def test_agent_reported_inventory_is_read_only(client, operator, cluster):
 
 
 def test_node_page_shows_its_allocations(client, operator, cluster):
-    from inventory.allocations import allocate
+    from tests.factories import place
 
-    allocate(cluster["ready-1"], "llama-r0-s0", "llama-r0", [0, 1], memory_gb=64, model="/models/llama")
+    place("llama", {"ready-1": [0, 1]}, memory_gb=64, model="/models/llama")
     client.force_login(operator)
     body = client.get(f"{CHANGELIST}ready-1/change/").content.decode()
-    assert "llama-r0-s0" in body
+    assert "llama-r1-s0" in body
     assert "0, 1" in body
 
 
