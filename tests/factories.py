@@ -166,6 +166,18 @@ def place(
 # -- fleets in bulk, for pages, /metrics and the benchmarks --------------------------------------
 
 
+# What every bulk-built node's agent would have said of its host.
+BULK_HOST = {
+    "memory_total_bytes": 512 * 2**30,
+    "os": "Debian GNU/Linux",
+    "kernel": "6.1.0",
+    "arch": "x86_64",
+    "cpu_model": "AMD EPYC 9654",
+    "cpus": 192,
+    "agent_version": "0.1.0",
+}
+
+
 def node_id(index: int) -> str:
     return f"node-{index:05d}"
 
@@ -228,15 +240,9 @@ def build(count: int, gpus: int = 8, shards: int = 4, at: float | None = None) -
         Node(
             id=nid,
             hostname=f"{nid}.example",
-            memory_total_bytes=512 * 2**30,
-            os="Debian GNU/Linux",
             os_version="12",
-            kernel="6.1.0",
-            arch="x86_64",
-            cpu_model="AMD EPYC 9654",
-            cpus=192,
-            agent_version="0.1.0",
             last_heartbeat=heartbeat,
+            **BULK_HOST,
         )
         for nid in ids
     )
@@ -307,16 +313,10 @@ def make_fleet(count: int, prefix: str = "n", with_loads: bool = True, now: floa
                 id=f"{prefix}{i:05d}",
                 hostname=f"{prefix}{i:05d}.rack{i % 40}.example",
                 labels={"rack": f"r{i % 40}", "zone": "a" if i % 2 else "b"},
-                memory_total_bytes=512 * 2**30,
-                os="Debian GNU/Linux",
-                kernel="6.1.0",
-                arch="x86_64",
-                cpu_model="AMD EPYC 9654",
-                cpus=192,
-                agent_version="0.1.0",
                 admin_state=admin_state,
                 liveness=liveness,
                 last_heartbeat=heartbeat - timedelta(seconds=i % 20),
+                **BULK_HOST,
             )
         )
     Node.objects.bulk_create(nodes, batch_size=1000)

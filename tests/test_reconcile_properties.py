@@ -78,7 +78,8 @@ def check_invariants(placed_now: list[str], schedulable: set[str]) -> None:
         memory[allocation.node_id] += allocation.memory_gb
     for node_row in Node.objects.all():
         if memory[node_row.pk]:
-            assert memory[node_row.pk] <= node_row.memory_total_bytes / 2**30, f"{node_row.pk}: memory claimed above its total"
+            total_gb = node_row.memory_total_bytes / 2**30
+            assert memory[node_row.pk] <= total_gb, f"{node_row.pk}: memory claimed above its total"
     shard_ids = set(
         Shard.objects.filter(state__in=(*RUN_STATES, ReplicaState.RELEASING)).values_list("shard_id", flat=True)
     )
