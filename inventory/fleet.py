@@ -197,12 +197,11 @@ def load_fleet(weights_paths: Iterable[str] = ()) -> Fleet:
             "id", "admin_state", "liveness", "mgmt_addr", "hostname", "memory_total_bytes", "cpus", "weights_scanned"
         ).order_by()
     }
-    free = set(GPU.objects.free().values_list("node_id", "index").order_by())
-    gpus = GPU.objects.values_list("node_id", "index", "gpu_class").order_by("node_id", "index")
-    for node_id, index, gpu_class in gpus:
+    gpus = GPU.objects.with_free().values_list("node_id", "index", "gpu_class", "is_free").order_by("node_id", "index")
+    for node_id, index, gpu_class, is_free in gpus:
         node = views[node_id]
         node.gpu_count[gpu_class] += 1
-        if (node_id, index) in free:
+        if is_free:
             node.free_gpus.setdefault(gpu_class, []).append(index)
     totals = (
         Allocation.objects.values("node_id")

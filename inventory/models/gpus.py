@@ -33,6 +33,10 @@ class GPUQuerySet(models.QuerySet):
     def free(self) -> GPUQuerySet:
         return self.filter(free_q())
 
+    def with_free(self) -> GPUQuerySet:
+        """Every GPU, each with `is_free` (free_q as a column): one pass reads all GPUs and which are free."""
+        return self.annotate(is_free=models.ExpressionWrapper(free_q(), output_field=models.BooleanField()))
+
     def on_schedulable_nodes(self) -> GPUQuerySet:
         return self.filter(Exists(Node.objects.schedulable().filter(pk=OuterRef("node_id"))))
 
