@@ -199,3 +199,13 @@ def test_changelist_query_count_does_not_grow_with_the_fleet(client, operator, d
     for i in range(10, 150):
         upsert_inventory(f"a{i:03}", make_inventory(f"a{i}.example", gpus=2))
     assert count_queries() == at_ten
+
+
+def test_what_the_agent_owns_is_read_only_in_the_admin():
+    from django.contrib import admin
+
+    from inventory.models import AGENT_FIELDS
+
+    readonly = admin.site._registry[Node].readonly_fields
+    assert set(AGENT_FIELDS) <= set(readonly)
+    assert {"operator_labels", "notes"}.isdisjoint(readonly)

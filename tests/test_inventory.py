@@ -10,6 +10,7 @@ from agent import protocol
 from inventory.fleet import Placement, ShardPlacement, load_fleet
 from inventory.liveness import touch
 from inventory.models import (
+    AGENT_FIELDS,
     GPU,
     AdminState,
     Allocation,
@@ -247,3 +248,27 @@ def test_registration_sets_first_heartbeat_on_the_control_plane_clock():
     before = timezone.now()
     node = register("n1")
     assert before <= node.last_heartbeat <= timezone.now() + timedelta(seconds=1)
+
+
+def test_a_report_replaces_exactly_the_agent_fields():
+    first = make_inventory("a.example", mgmt_addr="10.0.0.1", labels={"rack": "1"}, engine_versions={"vllm": "1"})
+    upsert_inventory("n1", first, inventory_hash="h1")
+    Node.objects.filter(pk="n1").update(notes="rack 4", operator_labels={"team": "infra"})
+    operator_side = {f.name for f in Node._meta.concrete_fields} - {"id", *AGENT_FIELDS}
+    before = Node.objects.values(*operator_side).get(pk="n1")
+    second = protocol.Inventory(
+        hostname="b.example",
+        mgmt_addr="10.0.0.2",
+        labels={"rack": "2"},
+        memory_total_bytes=2**40,
+        host=protocol.Host(os="Rocky", os_version="9", kernel="5.14", arch="aarch64", cpu_model="Grace", cpus=72),
+        agent_version="0.2.0",
+        engine_versions={"vllm": "2"},
+        engines_probed=True,
+        weights_scanned=True,
+    )
+    was = Node.objects.values(*AGENT_FIELDS).get(pk="n1")
+    upsert_inventory("n1", second, inventory_hash="h2")
+    now = Node.objects.values(*AGENT_FIELDS).get(pk="n1")
+    assert [field for field in AGENT_FIELDS if now[field] == was[field]] == [], "every agent field is replaced"
+    assert Node.objects.values(*operator_side).get(pk="n1") == before, "no other field is touched"

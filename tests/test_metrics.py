@@ -267,3 +267,10 @@ def test_a_database_failure_is_answered_503_not_a_cut_off_body(client, db, redis
     monkeypatch.setattr(inventory_series, "read", unavailable)
     response = client.get("/metrics")
     assert response.status_code == 503
+
+
+def test_the_node_facts_exported_are_the_agents_and_the_state():
+    from inventory.models import AGENT_FIELDS
+    from nodes.metrics.inventory_series import NodeFacts
+
+    assert set(NodeFacts._fields) - {"id", "admin_state", "liveness"} <= set(AGENT_FIELDS)

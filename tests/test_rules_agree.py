@@ -17,7 +17,18 @@ from collections import Counter
 import pytest
 
 from inventory.fleet import Fleet, Profile, load_fleet
-from inventory.models import GPU, HEALTH_OK, AdminState, Deployment, GPUClaim, Liveness, Node, NodeState
+from inventory.models import (
+    GPU,
+    HEALTH_OK,
+    STATE_RULES,
+    AdminState,
+    Deployment,
+    GPUClaim,
+    Liveness,
+    Node,
+    NodeState,
+    state_order,
+)
 from inventory.reconcile import reconcile
 from tests.factories import H100, node, set_state
 from tests.metrics_scrape import TEXT, body, named, samples
@@ -134,3 +145,16 @@ def test_metrics_export_what_the_rules_say(client, fleet):
     for (node_id, _), value in exported_free.items():
         per_node[node_id] += value
     assert {k: v for k, v in per_node.items() if v} == dict(Counter(node_id for node_id, _ in free_in(fleet)))
+
+
+def test_every_stored_pair_is_shown_in_one_state_by_both_encodings():
+    for admin in AdminState:
+        for live in Liveness:
+            node(f"{admin}-{live}", gpus=0)
+            set_state(f"{admin}-{live}", admin, live)
+    for n in Node.objects.all():
+        assert [s for s in NodeState if Node.objects.in_state(s).filter(pk=n.pk).exists()] == [n.state], n.pk
+    worst_first = [state for state, _ in STATE_RULES]
+    by_rule = sorted(Node.objects.all(), key=lambda n: (worst_first.index(n.state), n.pk))
+    ranked = Node.objects.annotate(rank=state_order()).order_by("rank", "id")
+    assert [n.pk for n in ranked] == [n.pk for n in by_rule]
