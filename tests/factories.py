@@ -288,8 +288,8 @@ def save_loads(ids: list[str], received_at: float, shards: int = 4) -> None:
     pipe.execute()
 
 
-# The pages fleet cycles through these, so every displayed state has nodes.
-PAGE_STATES = (
+# Mostly ready, and every other displayed state: the pages fleet cycles through these.
+STATE_MIX = (
     (AdminState.ACTIVE, Liveness.ALIVE),
     (AdminState.ACTIVE, Liveness.ALIVE),
     (AdminState.ACTIVE, Liveness.ALIVE),
@@ -307,7 +307,7 @@ def make_fleet(count: int, prefix: str = "n", with_loads: bool = True, now: floa
     heartbeat = timezone.now()
     nodes = []
     for i in range(count):
-        admin_state, liveness = PAGE_STATES[i % len(PAGE_STATES)]
+        admin_state, liveness = STATE_MIX[i % len(STATE_MIX)]
         nodes.append(
             Node(
                 id=f"{prefix}{i:05d}",
