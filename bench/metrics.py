@@ -90,9 +90,9 @@ def fetch(url: str, into: Path) -> tuple[float, float, int]:
 def render_microseconds(runs: int = 20_000) -> float:
     """What a heartbeat pays to render its load (4 shards) for /metrics."""
     from livestate import loadlines
-    from tests import fleet
+    from tests import factories
 
-    load = fleet.load_of("node-00042")
+    load = factories.load_of("node-00042")
     started = time.perf_counter()
     for _ in range(runs):
         loadlines.render("node-00042", load, 1.0)
@@ -146,11 +146,11 @@ def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dic
     from devstack.ports import free_port
     from devstack.stack import Stack
     from inventory.models import Node
-    from tests import fleet
+    from tests import factories
 
     Node.objects.all().delete()
     started = time.perf_counter()
-    ids = fleet.build(size, at=time.time())
+    ids = factories.build(size, at=time.time())
     built = time.perf_counter() - started
 
     stack = Stack(var / f"stack-{size}", env=env, web_port=free_port(), workers=1)
@@ -165,7 +165,7 @@ def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dic
         idle_rss, _ = rss(worker)
         # Fresh loads for every node, saved as the heartbeats would, just before the scrapes.
         started = time.perf_counter()
-        fleet.save_loads(ids, time.time())
+        factories.save_loads(ids, time.time())
         saved = time.perf_counter() - started
         # A worker's first scrape renders every inventory row; later ones reuse the unchanged rows.
         _, cold, _ = fetch(url, output)

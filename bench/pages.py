@@ -82,7 +82,7 @@ def run() -> int:
     import livestate
     from inventory.models import Node
     from nodes.views.summary import TOTALS_KEY
-    from tests.pages_fleet import make_fleet
+    from tests.factories import make_fleet
 
     def expire_totals() -> None:
         livestate.client().delete(TOTALS_KEY)

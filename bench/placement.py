@@ -49,47 +49,6 @@ def setup_django(database_url: str | None, var: Path) -> None:
     call_command("migrate", verbosity=0)
 
 
-def build_fleet(size: int) -> None:
-    """`size` nodes in bulk: 60 % 8 × H100 on three fabrics, 20 % 4 × A100, 20 % CPU only."""
-    from inventory.models import GPU, AdminState, FabricAttachment, Liveness, Node
-
-    nodes, gpus, fabrics = [], [], []
-    for i in range(size):
-        node_id = f"node-{i:05d}"
-        kind = i % 10
-        admin, liveness = AdminState.ACTIVE, Liveness.ALIVE
-        if i % 97 == 0:
-            admin = AdminState.CORDONED
-        elif i % 101 == 0:
-            admin = AdminState.DRAINING
-        elif i % 103 == 0:
-            liveness = Liveness.UNREACHABLE
-        elif i % 211 == 0:
-            liveness = Liveness.LOST
-        nodes.append(
-            Node(
-                id=node_id,
-                hostname=f"{node_id}.example",
-                mgmt_addr=f"10.{i // 65536}.{i // 256 % 256}.{i % 256}",
-                memory_total_bytes=(1024 if kind < 6 else 256) * 2**30,
-                cpus=192 if kind < 6 else 64,
-                admin_state=admin,
-                liveness=liveness,
-            )
-        )
-        if kind < 6:
-            gpus += [
-                GPU(node_id=node_id, index=g, name="NVIDIA H100 80GB HBM3", gpu_class="H100-80GB") for g in range(8)
-            ]
-            fabric = f"ib-{i % 3}"
-            fabrics.append(FabricAttachment(node_id=node_id, fabric=fabric, hcas=[f"mlx5_{k}" for k in range(4)]))
-        elif kind < 8:
-            gpus += [GPU(node_id=node_id, index=g, name="NVIDIA A100 40GB", gpu_class="A100-40GB") for g in range(4)]
-    Node.objects.bulk_create(nodes, batch_size=2000)
-    GPU.objects.bulk_create(gpus, batch_size=5000)
-    FabricAttachment.objects.bulk_create(fabrics, batch_size=2000)
-
-
 def make_deployments(scale: float) -> int:
     from inventory.models import Deployment
 
@@ -157,9 +116,10 @@ def main() -> int:
         from django.db import connection
 
         from inventory.models import Replica, ReplicaState
+        from tests.factories import placement_fleet
 
         # The small fleet first, to count its queries; then the full one.
-        build_fleet(args.nodes // 10)
+        placement_fleet(args.nodes // 10)
         make_deployments(0.1)
         # The first pass also cordons the fleet's empty draining nodes; count the second.
         for _ in range(2):
@@ -171,7 +131,7 @@ def main() -> int:
         Deployment.objects.all().delete()
         Node.objects.all().delete()
 
-        build_fleet(args.nodes)
+        placement_fleet(args.nodes)
         wanted = make_deployments(1.0)
         passes, cpus, queries, placed = [], [], 0, 0
         for _ in range(REPEATS):

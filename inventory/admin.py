@@ -19,6 +19,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from inventory.models import (
+    AGENT_FIELDS,
     GPU,
     LIVE_STATES,
     REPLICA_COLOURS,
@@ -37,7 +38,7 @@ from inventory.models import (
     Weights,
 )
 from inventory.operator import ACTIONS, set_admin_state
-from inventory.queries import STATE_FILTERS, gpu_class_filter, label_filter
+from inventory.queries import count_per_node, gpu_class_filter, label_filter
 from livestate import loadstore
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,8 @@ class StateFilter(admin.SimpleListFilter):
         return NodeState.choices
 
     def queryset(self, request, queryset):
-        if self.value() in STATE_FILTERS:
-            return queryset.filter(STATE_FILTERS[self.value()])
+        if self.value() in NodeState.values:
+            return queryset.in_state(self.value())
         return queryset
 
 
@@ -174,23 +175,11 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3, "cols": 60}), max_length=2000)
 
 
-AGENT_FIELDS = (
-    "id",
-    "hostname",
-    "mgmt_addr",
-    "labels",
-    "memory_total_bytes",
-    "os",
-    "os_version",
-    "kernel",
-    "arch",
-    "cpu_model",
-    "cpus",
-    "agent_version",
-    "engine_versions",
-    "engines_probed",
-    "weights_scanned",
-    "inventory_hash",
+# What the agent reports, then what heartbeats and operator actions set: none
+# of it is edited in a form.
+REPORTED = ("id", *AGENT_FIELDS)
+READ_ONLY = (
+    *REPORTED,
     "liveness",
     "last_heartbeat",
     "registered_at",
@@ -207,7 +196,7 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = (StateFilter, LabelFilter, FabricFilter, GPUClassFilter)
     search_fields = ("id", "hostname")
     actions = ("cordon", "drain", "uncordon")
-    readonly_fields = AGENT_FIELDS
+    readonly_fields = READ_ONLY
     fieldsets = (
         (
             "Operator",
@@ -223,7 +212,7 @@ class NodeAdmin(admin.ModelAdmin):
             },
         ),
         ("Liveness", {"fields": ("liveness", "last_heartbeat", "registered_at")}),
-        ("Reported by the agent", {"fields": AGENT_FIELDS[:16]}),
+        ("Reported by the agent", {"fields": REPORTED}),
     )
     inlines = (
         AllocationInline,
@@ -244,11 +233,7 @@ class NodeAdmin(admin.ModelAdmin):
         return (
             super()
             .get_queryset(request)
-            .annotate(
-                gpu_total=Count("gpus", distinct=True),
-                gpu_healthy=Count("gpus", filter=Q(gpus__health="ok"), distinct=True),
-                gpu_claimed=Count("gpu_claims", distinct=True),
-            )
+            .annotate(gpu_total=count_per_node(GPU.objects.all()), gpu_free=count_per_node(GPU.objects.free()))
         )
 
     def get_changelist_instance(self, request):
@@ -272,9 +257,7 @@ class NodeAdmin(admin.ModelAdmin):
         total = getattr(node, "gpu_total", None)
         if total is None:
             return "—"
-        # Claimed GPUs are healthy ones in use; an unhealthy GPU is never free.
-        free = max(node.gpu_healthy - node.gpu_claimed, 0)
-        return f"{free}/{total}"
+        return f"{node.gpu_free}/{total}"
 
     @admin.display(description="CPU")
     def cpu_display(self, node):

@@ -9,10 +9,8 @@ could hold.
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from inventory.placement import Fleet, NodeView, Profile
+from inventory.fleet import Fleet, NodeView, Profile
 
 
 def diagnose(fleet: Fleet, profile: Profile) -> str:

@@ -198,7 +198,7 @@ def _place(now: datetime, result: ReconcileResult) -> None:
         if unplaced:
             Replica.objects.bulk_update(unplaced, ["reason", "changed_at"])
         if placed:
-            _commit(placed, now)
+            record_placements(placed, now)
     result.placed += [replica.replica_id for replica, _ in placed]
 
 
@@ -215,7 +215,7 @@ def _spread(deployments: dict[int, Deployment]) -> dict[int, Counter]:
     return spread
 
 
-def _commit(placed: list[tuple[Replica, Placement]], now: datetime) -> None:
+def record_placements(placed: list[tuple[Replica, Placement]], now: datetime) -> None:
     """Write every placement of the pass in a few bulk statements.
 
     The replicas are still pending only if no other pass placed them first:

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from agent import protocol
 from inventory.models import (
+    AGENT_FIELDS,
     GPU,
     EngineInstall,
     FabricAttachment,
@@ -17,26 +18,6 @@ from inventory.models import (
     NodeEvent,
     Weights,
     gpu_class,
-)
-
-# The fields an agent owns on the node row. Operator fields (labels set in the
-# admin are merged below, notes, admin state) are never in this list.
-_AGENT_FIELDS = (
-    "hostname",
-    "mgmt_addr",
-    "memory_total_bytes",
-    "os",
-    "os_version",
-    "kernel",
-    "arch",
-    "cpu_model",
-    "cpus",
-    "agent_version",
-    "engine_versions",
-    "engines_probed",
-    "weights_scanned",
-    "inventory_hash",
-    "labels",
 )
 
 
@@ -54,6 +35,7 @@ def upsert_inventory(
     """
     now = now or timezone.now()
     host = inventory.host
+    # Exactly the agent's fields (AGENT_FIELDS): an operator's never appear here.
     values = {
         "hostname": inventory.hostname,
         "mgmt_addr": inventory.mgmt_addr,
@@ -78,9 +60,9 @@ def upsert_inventory(
             node = Node(id=node_id, registered_at=now, last_heartbeat=now, **values)
             node.save(force_insert=True)
         else:
-            for field in _AGENT_FIELDS:
+            for field in AGENT_FIELDS:
                 setattr(node, field, values[field])
-            node.save(update_fields=list(_AGENT_FIELDS))
+            node.save(update_fields=list(AGENT_FIELDS))
         _replace_hardware(node, inventory)
     return node, created
 

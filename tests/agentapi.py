@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent import protocol
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 JOIN_TOKEN = "test-join-token-of-the-cluster"
 

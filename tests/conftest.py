@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import os
-from datetime import timedelta
 
 import pytest
 from django.conf import settings
 from django.utils import timezone
 
 import livestate
-from agent import protocol
 from devstack.redis_server import RedisServer
-from inventory.models import AdminState, Liveness, Node
+from inventory.models import AdminState, Liveness
 from inventory.registration import upsert_inventory
 from livestate import shardlists
+from tests.factories import make_inventory, set_state
 
 
 @pytest.fixture(scope="session")
@@ -71,29 +70,6 @@ def viewer(django_user_model):
     return django_user_model.objects.create_user("viewer", password="viewer-pass")
 
 
-def make_inventory(
-    hostname: str, gpus: int = 0, gpu_name: str = "NVIDIA H100 80GB HBM3", **extra
-) -> protocol.Inventory:
-    return protocol.Inventory(
-        hostname=hostname,
-        memory_total_bytes=extra.pop("memory_total_bytes", 512 * 2**30),
-        host=protocol.Host(
-            os="Debian GNU/Linux",
-            os_version="12",
-            kernel="6.1.0",
-            arch="x86_64",
-            cpu_model="AMD EPYC 9654",
-            cpus=extra.pop("cpus", 192),
-        ),
-        agent_version="0.1.0",
-        gpus=[
-            protocol.GPU(index=i, uuid=f"GPU-{hostname}-{i}", name=gpu_name, memory_bytes=80 * 2**30)
-            for i in range(gpus)
-        ],
-        **extra,
-    )
-
-
 @pytest.fixture
 def cluster(db):
     """Four nodes with GPUs, one in each interesting state."""
@@ -106,11 +82,7 @@ def cluster(db):
         ("lost-1", AdminState.ACTIVE, Liveness.LOST),
     ):
         node, _ = upsert_inventory(name, make_inventory(f"{name}.example", gpus=8), now=now)
-        Node.objects.filter(pk=name).update(
-            admin_state=admin_state,
-            liveness=liveness,
-            last_heartbeat=now - timedelta(seconds={"alive": 1, "unreachable": 60, "lost": 600}[liveness]),
-        )
+        set_state(name, admin_state, liveness, now)
         node.refresh_from_db()
         nodes[name] = node
     return nodes

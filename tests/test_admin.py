@@ -136,12 +136,12 @@ def test_agent_reported_inventory_is_read_only(client, operator, cluster):
 
 
 def test_node_page_shows_its_allocations(client, operator, cluster):
-    from inventory.allocations import allocate
+    from tests.factories import place
 
-    allocate(cluster["ready-1"], "llama-r0-s0", "llama-r0", [0, 1], memory_gb=64, model="/models/llama")
+    place("llama", {"ready-1": [0, 1]}, memory_gb=64, model="/models/llama")
     client.force_login(operator)
     body = client.get(f"{CHANGELIST}ready-1/change/").content.decode()
-    assert "llama-r0-s0" in body
+    assert "llama-r1-s0" in body
     assert "0, 1" in body
 
 
@@ -160,7 +160,7 @@ def test_filter_by_state(client, operator, cluster, state):
 
 def test_filter_by_gpu_class_label_and_fabric_and_search(client, operator, cluster):
     from inventory.registration import upsert_inventory
-    from tests.conftest import make_inventory
+    from tests.factories import make_inventory
 
     upsert_inventory(
         "l4-1",
@@ -184,7 +184,7 @@ def test_changelist_query_count_does_not_grow_with_the_fleet(client, operator, d
     from django.test.utils import CaptureQueriesContext
 
     from inventory.registration import upsert_inventory
-    from tests.conftest import make_inventory
+    from tests.factories import make_inventory
 
     client.force_login(operator)
 
@@ -199,3 +199,13 @@ def test_changelist_query_count_does_not_grow_with_the_fleet(client, operator, d
     for i in range(10, 150):
         upsert_inventory(f"a{i:03}", make_inventory(f"a{i}.example", gpus=2))
     assert count_queries() == at_ten
+
+
+def test_what_the_agent_owns_is_read_only_in_the_admin():
+    from django.contrib import admin
+
+    from inventory.models import AGENT_FIELDS
+
+    readonly = admin.site._registry[Node].readonly_fields
+    assert set(AGENT_FIELDS) <= set(readonly)
+    assert {"operator_labels", "notes"}.isdisjoint(readonly)

@@ -15,7 +15,7 @@ from inventory.models import Node
 from livestate import keys, loadstore, selfmetrics, shardlists
 from nodes.api import outage
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post, register, reply_of
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

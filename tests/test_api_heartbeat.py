@@ -12,7 +12,7 @@ from inventory.liveness import flush_heartbeats
 from inventory.models import AdminState, Liveness, Node, NodeEvent
 from livestate import keys, loadstore, selfmetrics
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = [pytest.mark.django_db]
 
@@ -164,7 +164,7 @@ def test_heartbeats_are_counted_by_outcome(client, token, redis_client):
 def test_placed_shards_reach_the_agent_and_its_reports_move_them(client, token, django_assert_num_queries):
     from inventory.models import ReplicaState, Shard
     from inventory.reconcile import reconcile
-    from tests.placement_fleet import deployment
+    from tests.factories import deployment
 
     reply_of(heartbeat(client, token, protocol.Heartbeat()))  # the card is cached from now on
     deployment()

@@ -15,7 +15,7 @@ from livestate import loadstore
 from nodes.api import heartbeats
 from nodes.models import NodeToken
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

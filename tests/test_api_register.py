@@ -6,7 +6,7 @@ from agent import protocol
 from inventory.models import AdminState, Liveness, Node, NodeEvent
 from nodes.models import JoinToken, NodeToken
 from tests.agentapi import JOIN_TOKEN, heartbeat, post, register, reply_of
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = [pytest.mark.django_db]
 

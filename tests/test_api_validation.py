@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agent import protocol
 from livestate import keys, loadstore
 from tests.agentapi import JOIN_TOKEN, a_load, database_snapshot, post, register
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = [pytest.mark.django_db]
 

@@ -18,7 +18,7 @@ from devstack.ports import free_port
 from devstack.stack import Stack
 from livestate import keys
 from tests.agentapi import JOIN_TOKEN
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = [pytest.mark.slow]
 

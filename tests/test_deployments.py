@@ -13,7 +13,7 @@ from devstack.faults import redis_unreachable
 from inventory.desired import sync_node
 from inventory.models import Allocation, Deployment, Engine, GPUClaim, Node, Replica, ReplicaState, Shard
 from inventory.reconcile import reconcile
-from tests.placement_fleet import deployment, node
+from tests.factories import deployment, node
 
 pytestmark = pytest.mark.django_db
 

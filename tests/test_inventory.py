@@ -7,11 +7,24 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from agent import protocol
-from inventory.allocations import allocate, cluster_fabrics, release_replica, release_shard
+from inventory.fleet import Placement, ShardPlacement, load_fleet
 from inventory.liveness import touch
-from inventory.models import GPU, AdminState, Allocation, Liveness, Node, NodeState, derive_state, gpu_class
+from inventory.models import (
+    AGENT_FIELDS,
+    GPU,
+    AdminState,
+    Allocation,
+    GPUClaim,
+    Liveness,
+    Node,
+    NodeState,
+    derive_state,
+    gpu_class,
+)
+from inventory.reconcile import record_placements
 from inventory.registration import upsert_inventory
-from tests.conftest import make_inventory
+from inventory.replicas import begin_release, fail_replicas, finish_release
+from tests.factories import make_inventory, place
 
 pytestmark = pytest.mark.django_db
 
@@ -113,26 +126,33 @@ def test_touch_revives_an_unreachable_node_without_touching_its_cordon():
     assert (event.from_state, event.to_state) == (Liveness.UNREACHABLE, Liveness.ALIVE)
 
 
-def test_free_gpus_excludes_allocated_and_unhealthy():
-    node = register("n1", gpus=4)
-    GPU.objects.filter(node=node, index=3).update(health="2 uncorrectable ECC errors")
-    allocate(node, "s1", "r1", [0], memory_gb=0)
-    node = Node.objects.get(pk="n1")
-    assert node.free_gpus() == [1, 2]
+def view(node_id: str, weights_paths: tuple[str, ...] = ()):
+    """What placement reads of one node, by its own loader."""
+    return load_fleet(weights_paths).nodes[node_id]
+
+
+def test_a_free_gpu_is_healthy_and_unclaimed():
+    register("n1", gpus=4)
+    GPU.objects.filter(node_id="n1", index=3).update(health="2 uncorrectable ECC errors")
+    place("a", {"n1": [0]})
+    assert sorted(GPU.objects.free().values_list("index", flat=True)) == [1, 2]
+    assert view("n1").free_gpus == {"H100-80GB": [1, 2]}
 
 
 def test_a_gpu_cannot_be_in_two_allocations_on_one_node():
-    node = register("n1", gpus=2)
-    allocate(node, "s1", "r1", [0])
+    register("n1", gpus=2)
+    place("a", {"n1": [0]})
     with pytest.raises(IntegrityError), transaction.atomic():
-        allocate(node, "s2", "r2", [0])
+        place("b", {"n1": [0]})
 
 
-def test_a_shard_is_allocated_once():
-    node = register("n1", gpus=2)
-    allocate(node, "s1", "r1", [0])
-    with pytest.raises(IntegrityError), transaction.atomic():
-        allocate(node, "s1", "r1", [1])
+def test_a_replica_is_placed_once():
+    register("n1", gpus=2)
+    replica = place("a", {"n1": [0]})
+    again = Placement([ShardPlacement(0, "n1", [1], [], 20001)])
+    with pytest.raises(RuntimeError, match="placed by another pass"), transaction.atomic():
+        record_placements([(replica, again)], timezone.now())
+    assert list(GPUClaim.objects.values_list("gpu_index", flat=True)) == [0]
 
 
 def test_gpu_index_is_unique_per_node():
@@ -142,17 +162,16 @@ def test_gpu_index_is_unique_per_node():
 
 
 def test_free_memory_counts_claims():
-    node = register("n1", memory_total_bytes=64 * 2**30)
-    allocate(node, "s1", "r1", [], memory_gb=40)
-    allocate(node, "s2", "r2", [], memory_gb=0)  # declared nothing, so claims nothing
-    node = Node.objects.get(pk="n1")
-    assert node.free_memory_gb() == pytest.approx(24.0)
+    register("n1", memory_total_bytes=64 * 2**30)
+    place("a", {"n1": []}, memory_gb=40)
+    place("b", {"n1": []}, memory_gb=0)  # declared nothing, so claims nothing
+    assert view("n1").memory_free_gb() == pytest.approx(24.0)
 
 
 def test_free_memory_of_a_node_that_never_said_is_unconstrained():
-    node = register("n1", memory_total_bytes=0)
-    allocate(node, "s1", "r1", [], memory_gb=40)
-    assert Node.objects.get(pk="n1").free_memory_gb() is None
+    register("n1", memory_total_bytes=0)
+    place("a", {"n1": []}, memory_gb=40)
+    assert view("n1").memory_free_gb() is None
 
 
 def test_local_disk_leaves_shared_filesystems_out():
@@ -179,20 +198,19 @@ def test_local_disk_on_shared_storage_only_is_none_to_spend():
 
 def test_has_weights_is_an_exact_path_match():
     register("n1", weights=[protocol.Weights(path="/models/llama-3-8b")], weights_scanned=True)
-    node = Node.objects.get(pk="n1")
+    node = view("n1", ("/models/llama-3-8b", "/models/llama-3"))
     assert node.has_weights("/models/llama-3-8b")
     assert not node.has_weights("/models/llama-3")
-    assert not node.has_weights("meta-llama/Llama-3-8B")
 
 
-def test_knows_its_weights_only_when_it_looked():
+def test_a_node_that_never_looked_for_weights_is_not_ruled_out():
     register("looked-none", weights_scanned=True)
     register("never-looked")
-    assert Node.objects.get(pk="looked-none").knows_its_weights()
-    assert not Node.objects.get(pk="never-looked").knows_its_weights()
+    assert not view("looked-none", ("/m/x",)).has_weights("/m/x")
+    assert view("never-looked", ("/m/x",)).has_weights("/m/x")
 
 
-def test_adapters_for_a_fabric_are_only_that_fabrics():
+def test_adapters_are_kept_per_fabric():
     register(
         "n1",
         fabrics=[
@@ -200,55 +218,57 @@ def test_adapters_for_a_fabric_are_only_that_fabrics():
             protocol.Fabric(name="ib-b", hcas=["mlx5_2"], rate_gbps=200),
         ],
     )
-    node = Node.objects.get(pk="n1")
-    assert node.adapters_for("ib-a") == ["mlx5_0", "mlx5_1"]
-    assert node.adapters_for("ib-b") == ["mlx5_2"]
-    assert node.adapters_for("ib-c") == []
-    assert node.fabric_names() == ["ib-a", "ib-b"]
+    assert view("n1").fabrics == {"ib-a": ["mlx5_0", "mlx5_1"], "ib-b": ["mlx5_2"]}
 
 
-def test_cluster_fabrics_are_every_fabric_once_sorted():
-    register("n1", fabrics=[protocol.Fabric(name="ib-b"), protocol.Fabric(name="ib-a")])
-    register("n2", fabrics=[protocol.Fabric(name="ib-a")])
-    register("n3")
-    assert cluster_fabrics() == ["ib-a", "ib-b"]
-
-
-def test_gpus_by_class_groups_them():
+def test_gpus_are_counted_by_class():
     node = register("n1", gpus=2)
     GPU.objects.create(node=node, index=5, name="NVIDIA L4", memory_bytes=24 * 2**30)
-    grouped = Node.objects.get(pk="n1").gpus_by_class()
-    assert {cls: [g.index for g in gpus] for cls, gpus in grouped.items()} == {"H100-80GB": [0, 1], "L4-24GB": [5]}
+    assert view("n1").gpu_count == {"H100-80GB": 2, "L4-24GB": 1}
 
 
-def test_release_shard_frees_only_that_shard():
-    node = register("n1", gpus=4)
-    allocate(node, "s1", "r1", [0, 1])
-    allocate(node, "s2", "r2", [2])
-    assert release_shard("s1") == 1
-    assert release_shard("s1") == 0
-    assert Node.objects.get(pk="n1").free_gpus() == [0, 1, 3]
+def test_a_finished_release_frees_only_that_shard():
+    register("n1", gpus=4)
+    first, _ = place("a", {"n1": [0, 1]}), place("b", {"n1": [2]})
+    begin_release([first], "scaled down", timezone.now())
+    assert finish_release(["a-r1-s0"]) == ["a-r1-s0"]
+    assert sorted(GPU.objects.free().values_list("index", flat=True)) == [0, 1, 3]
+    assert list(Allocation.objects.values_list("shard_id", flat=True)) == ["b-r1-s0"]
 
 
-def test_release_replica_frees_every_shard_on_every_node():
-    first, second = register("n1", gpus=2), register("n2", gpus=2)
-    allocate(first, "r1-s0", "r1", [0, 1])
-    allocate(second, "r1-s1", "r1", [0])
-    allocate(second, "r2-s0", "r2", [1])
-    assert release_replica("r1") == 2
-    assert list(Allocation.objects.values_list("shard_id", flat=True)) == ["r2-s0"]
-
-
-def test_capacity_questions_ask_nothing_more_once_prefetched(django_assert_num_queries):
-    register("n1", gpus=8, filesystems=[protocol.Filesystem(mount="/m", total_bytes=10, free_bytes=5)])
-    related = ("gpus", "gpu_claims", "allocations", "filesystems", "weights", "fabrics")
-    node = Node.objects.prefetch_related(*related).get(pk="n1")
-    with django_assert_num_queries(0):
-        node.free_gpus(), node.free_memory_gb(), node.local_disk(), node.has_weights("/m/x")
-        node.adapters_for("ib"), node.gpus_by_class()
+def test_a_failed_replica_frees_every_shard_on_every_node():
+    register("n1", gpus=2), register("n2", gpus=2)
+    place("a", {"n1": [0, 1], "n2": [0]})
+    place("b", {"n2": [1]})
+    assert fail_replicas(["a-r1"], "test") == ["a-r1"]
+    assert list(Allocation.objects.values_list("shard_id", flat=True)) == ["b-r1-s0"]
 
 
 def test_registration_sets_first_heartbeat_on_the_control_plane_clock():
     before = timezone.now()
     node = register("n1")
     assert before <= node.last_heartbeat <= timezone.now() + timedelta(seconds=1)
+
+
+def test_a_report_replaces_exactly_the_agent_fields():
+    first = make_inventory("a.example", mgmt_addr="10.0.0.1", labels={"rack": "1"}, engine_versions={"vllm": "1"})
+    upsert_inventory("n1", first, inventory_hash="h1")
+    Node.objects.filter(pk="n1").update(notes="rack 4", operator_labels={"team": "infra"})
+    operator_side = {f.name for f in Node._meta.concrete_fields} - {"id", *AGENT_FIELDS}
+    before = Node.objects.values(*operator_side).get(pk="n1")
+    second = protocol.Inventory(
+        hostname="b.example",
+        mgmt_addr="10.0.0.2",
+        labels={"rack": "2"},
+        memory_total_bytes=2**40,
+        host=protocol.Host(os="Rocky", os_version="9", kernel="5.14", arch="aarch64", cpu_model="Grace", cpus=72),
+        agent_version="0.2.0",
+        engine_versions={"vllm": "2"},
+        engines_probed=True,
+        weights_scanned=True,
+    )
+    was = Node.objects.values(*AGENT_FIELDS).get(pk="n1")
+    upsert_inventory("n1", second, inventory_hash="h2")
+    now = Node.objects.values(*AGENT_FIELDS).get(pk="n1")
+    assert [field for field in AGENT_FIELDS if now[field] == was[field]] == [], "every agent field is replaced"
+    assert Node.objects.values(*operator_side).get(pk="n1") == before, "no other field is touched"

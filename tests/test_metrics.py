@@ -10,10 +10,9 @@ from django.test import Client
 
 from agent import protocol
 from devstack.faults import redis_unreachable
-from inventory.allocations import allocate
 from inventory.models import Filesystem, Node
 from livestate import keys, loadstore, selfmetrics
-from tests.conftest import make_inventory
+from tests.factories import make_inventory, place
 from tests.metrics_scrape import TEXT, body, named, of, samples
 
 pytestmark = pytest.mark.django_db
@@ -37,15 +36,15 @@ def a_load(**overrides) -> protocol.Load:
         memory_used_bytes=123 * 2**30,
         memory_available_bytes=389 * 2**30,
         interval_seconds=5.0,
-        shards=[protocol.ShardLoad(shard="llama-0-0", cpu_cores=2.75, rss_bytes=7 * 2**30)],
+        shards=[protocol.ShardLoad(shard="llama-r1-s0", cpu_cores=2.75, rss_bytes=7 * 2**30)],
     )
     return protocol.Load(**{**values, **overrides})
 
 
 @pytest.fixture
 def placed(cluster):
-    """ready-1 holds shard llama-0-0 of replica llama-0 on GPUs 0 and 1."""
-    allocate(cluster["ready-1"], "llama-0-0", "llama-0", [0, 1], memory_gb=64, model="meta-llama/Llama-3.1-8B")
+    """ready-1 holds shard llama-r1-s0 of replica llama-r1 on GPUs 0 and 1, placed as reconcile places."""
+    place("llama", {"ready-1": [0, 1]}, memory_gb=64, model="meta-llama/Llama-3.1-8B")
     return cluster
 
 
@@ -63,7 +62,7 @@ def test_a_fresh_load_is_exported_with_its_exact_values(client, placed, redis_cl
     }
     assert of(found, "llmgw_node_memory_used_bytes", **node) == 123 * 2**30
     assert of(found, "llmgw_node_memory_available_bytes", **node) == 389 * 2**30
-    shard = {**node, "shard": "llama-0-0", "replica": "llama-0", "model": "meta-llama/Llama-3.1-8B"}
+    shard = {**node, "shard": "llama-r1-s0", "replica": "llama-r1", "model": "meta-llama/Llama-3.1-8B"}
     assert of(found, "llmgw_shard_cpu_cores", **shard) == 2.75
     assert of(found, "llmgw_shard_memory_bytes", **shard) == 7 * 2**30
     # Only ready-1 sent a load.
@@ -86,8 +85,8 @@ def test_a_load_older_than_the_limit_is_left_out_and_the_inventory_stays(client,
             found,
             "llmgw_shard_allocated_gpus",
             node="ready-1",
-            shard="llama-0-0",
-            replica="llama-0",
+            shard="llama-r1-s0",
+            replica="llama-r1",
             model="meta-llama/Llama-3.1-8B",
         )
         == 2
@@ -141,7 +140,7 @@ def test_the_inventory_is_exported_for_every_node(client, placed, redis_client):
         )
         == 1
     )
-    shard = {"node": "ready-1", "shard": "llama-0-0", "replica": "llama-0", "model": "meta-llama/Llama-3.1-8B"}
+    shard = {"node": "ready-1", "shard": "llama-r1-s0", "replica": "llama-r1", "model": "meta-llama/Llama-3.1-8B"}
     assert of(found, "llmgw_shard_memory_claim_bytes", **shard) == 64 * 2**30
     assert of(found, "llmgw_loadstore_up") == 1
 
@@ -245,10 +244,10 @@ def test_only_get(client, db):
 def test_a_scrape_runs_the_same_queries_whatever_the_fleet_size(
     client, db, redis_client, count, django_assert_num_queries
 ):
-    from tests import fleet
+    from tests import factories
 
-    ids = fleet.build(count, at=time.time())
-    fleet.save_loads(ids, time.time())
+    ids = factories.build(count, at=time.time())
+    factories.save_loads(ids, time.time())
     with django_assert_num_queries(5):
         found = scrape(client)
     assert len(named(found, "llmgw_shard_cpu_cores")) == 4 * count
@@ -260,11 +259,18 @@ def test_a_scrape_runs_the_same_queries_whatever_the_fleet_size(
 def test_a_database_failure_is_answered_503_not_a_cut_off_body(client, db, redis_client, monkeypatch):
     from django.db import OperationalError
 
-    from nodes.metrics import inventory
+    from nodes.metrics import inventory_series
 
     def unavailable():
         raise OperationalError("the database is down")
 
-    monkeypatch.setattr(inventory, "read", unavailable)
+    monkeypatch.setattr(inventory_series, "read", unavailable)
     response = client.get("/metrics")
     assert response.status_code == 503
+
+
+def test_the_node_facts_exported_are_the_agents_and_the_state():
+    from inventory.models import AGENT_FIELDS
+    from nodes.metrics.inventory_series import NodeFacts
+
+    assert set(NodeFacts._fields) - {"id", "admin_state", "liveness"} <= set(AGENT_FIELDS)

@@ -47,17 +47,17 @@ def test_a_line_is_what_prometheus_client_writes(value, number):
 
 @pytest.fixture
 def populated(cluster, redis_client):
-    from inventory.allocations import allocate
     from livestate import selfmetrics
+    from tests.factories import place
 
-    allocate(cluster["ready-1"], "s-0", "r-0", [0, 1], memory_gb=16, model='odd "model"\\name')
+    place("s", {"ready-1": [0, 1]}, memory_gb=16, model='odd "model"\\name')
     load = protocol.Load(
         cpu_percent=99.5,
         cpus=8,
         load1=0.01,
         memory_used_bytes=1,
         memory_available_bytes=2**40,
-        shards=[protocol.ShardLoad(shard="s-0", cpu_cores=0.3, rss_bytes=123456789)],
+        shards=[protocol.ShardLoad(shard="s-r1-s0", cpu_cores=0.3, rss_bytes=123456789)],
     )
     loadstore.save("ready-1", load, time.time())
     loadstore.save("cordoned-1", protocol.Load(cpu_percent=0, cpus=1), time.time())

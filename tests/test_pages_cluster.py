@@ -15,8 +15,7 @@ from inventory.models import GPU, Node
 from inventory.registration import upsert_inventory
 from livestate import loadstore
 from nodes.views.summary import TOTALS_KEY, TOTALS_MAX_AGE
-from tests.conftest import make_inventory
-from tests.pages_fleet import make_fleet
+from tests.factories import make_fleet, make_inventory
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 

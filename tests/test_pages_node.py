@@ -18,9 +18,7 @@ from inventory.models import REPLICA_COLOURS, AdminState, Allocation, GPUClaim, 
 from inventory.reconcile import reconcile
 from inventory.registration import upsert_inventory
 from livestate import loadstore
-from tests.conftest import make_inventory
-from tests.pages_fleet import make_fleet
-from tests.placement_fleet import deployment
+from tests.factories import deployment, make_fleet, make_inventory
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import fleet
+from tests import factories
 from tests.metrics_scrape import TEXT, body
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
@@ -50,8 +50,8 @@ def test_every_alert_has_a_unit_test():
 def test_a_scrape_of_a_populated_control_plane_passes_promtool_check_metrics(client, cluster, redis_client):
     from livestate import selfmetrics
 
-    ids = fleet.build(20, at=time.time())
-    fleet.save_loads(ids, time.time())
+    ids = factories.build(20, at=time.time())
+    factories.save_loads(ids, time.time())
     selfmetrics.record(selfmetrics.heartbeat_fields("accepted", 0.004))
     selfmetrics.record(selfmetrics.heartbeat_fields("invalid", 0.001))
     selfmetrics.record(selfmetrics.sweep_fields(1, 0, 0))

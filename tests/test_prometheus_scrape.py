@@ -15,8 +15,8 @@ import pytest
 from agent import protocol
 from devstack.polling import wait_until
 from devstack.ports import free_port
-from inventory.allocations import allocate
 from livestate import loadstore
+from tests.factories import place
 
 PROMETHEUS = shutil.which("prometheus")
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "rules" / "llmgw.rules.yml"
@@ -99,14 +99,14 @@ def prometheus(tmp_path, live_server, settings):
 
 
 def test_prometheus_scrapes_the_fleet_and_reads_the_values_back(cluster, redis_client, prometheus):
-    allocate(cluster["ready-1"], "llama-0-0", "llama-0", [0, 1, 2, 3], memory_gb=80, model="meta-llama/Llama-3.1-8B")
+    place("llama", {"ready-1": [0, 1, 2, 3]}, memory_gb=80, model="meta-llama/Llama-3.1-8B")
     load = protocol.Load(
         cpu_percent=42.5,
         cpus=96,
         load1=3.5,
         memory_used_bytes=100 * 2**30,
         memory_available_bytes=412 * 2**30,
-        shards=[protocol.ShardLoad(shard="llama-0-0", cpu_cores=3.25, rss_bytes=9 * 2**30)],
+        shards=[protocol.ShardLoad(shard="llama-r1-s0", cpu_cores=3.25, rss_bytes=9 * 2**30)],
     )
     loadstore.save("ready-1", load, time.time())
     # A load measured before the limit is not exported, though Redis still holds it.
@@ -126,8 +126,8 @@ def test_prometheus_scrapes_the_fleet_and_reads_the_values_back(cluster, redis_c
                 **job,
                 "__name__": "llmgw_shard_memory_bytes",
                 "node": "ready-1",
-                "shard": "llama-0-0",
-                "replica": "llama-0",
+                "shard": "llama-r1-s0",
+                "replica": "llama-r1",
                 "model": "meta-llama/Llama-3.1-8B",
             }.items()
         ): 9 * 2**30
@@ -147,9 +147,9 @@ def test_prometheus_scrapes_the_fleet_and_reads_the_values_back(cluster, redis_c
 
 def test_promtool_finds_nothing_to_say_about_a_scrape_over_http(cluster, redis_client, live_server, settings):
     settings.LLMGW_METRICS_TOKEN = TOKEN
-    allocate(cluster["ready-1"], "s-0", "r-0", [0], model="m")
+    place("s", {"ready-1": [0]}, model="m")
     loadstore.save(
-        "ready-1", protocol.Load(cpu_percent=1, cpus=2, shards=[protocol.ShardLoad(shard="s-0")]), time.time()
+        "ready-1", protocol.Load(cpu_percent=1, cpus=2, shards=[protocol.ShardLoad(shard="s-r1-s0")]), time.time()
     )
     request = urllib.request.Request(
         f"{live_server.url}/metrics",

@@ -26,7 +26,7 @@ from inventory.models import (
 )
 from inventory.operator import set_admin_state
 from inventory.reconcile import RELEASE_GRACE, reconcile
-from tests.placement_fleet import deployment, node
+from tests.factories import deployment, node
 
 pytestmark = pytest.mark.django_db
 

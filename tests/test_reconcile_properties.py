@@ -26,17 +26,9 @@ from inventory.models import (
 )
 from inventory.reconcile import reconcile
 from livestate import shardlists
-from tests.placement_fleet import deployment, node
+from tests.factories import STATE_MIX, deployment, node
 
 GPU_NAMES = {"NVIDIA H100 80GB HBM3": "H100-80GB", "NVIDIA A100-SXM4-40GB": "A100-40GB"}
-STATES = [
-    (AdminState.ACTIVE, Liveness.ALIVE),
-    (AdminState.ACTIVE, Liveness.ALIVE),
-    (AdminState.CORDONED, Liveness.ALIVE),
-    (AdminState.DRAINING, Liveness.ALIVE),
-    (AdminState.ACTIVE, Liveness.UNREACHABLE),
-    (AdminState.ACTIVE, Liveness.LOST),
-]
 
 fleet_specs = st.lists(
     st.fixed_dictionaries(
@@ -45,7 +37,7 @@ fleet_specs = st.lists(
             "gpu_name": st.sampled_from(sorted(GPU_NAMES)),
             "memory_gb": st.sampled_from([64, 256, 1024]),
             "fabrics": st.lists(st.sampled_from(["ib-a", "ib-b"]), unique=True, max_size=2),
-            "state": st.sampled_from(STATES),
+            "state": st.sampled_from(STATE_MIX),
         }
     ),
     min_size=1,
@@ -65,7 +57,7 @@ deployment_specs = st.lists(
     max_size=3,
 )
 # Later changes: (node index, new admin state and liveness).
-changes = st.lists(st.tuples(st.integers(0, 5), st.sampled_from(STATES)), max_size=4)
+changes = st.lists(st.tuples(st.integers(0, 5), st.sampled_from(STATE_MIX)), max_size=4)
 
 
 def check_invariants(placed_now: list[str], schedulable: set[str]) -> None:
@@ -78,7 +70,8 @@ def check_invariants(placed_now: list[str], schedulable: set[str]) -> None:
         memory[allocation.node_id] += allocation.memory_gb
     for node_row in Node.objects.all():
         if memory[node_row.pk]:
-            assert memory[node_row.pk] <= node_row.memory_total_gb, f"{node_row.pk}: memory claimed above its total"
+            total_gb = node_row.memory_total_bytes / 2**30
+            assert memory[node_row.pk] <= total_gb, f"{node_row.pk}: memory claimed above its total"
     shard_ids = set(
         Shard.objects.filter(state__in=(*RUN_STATES, ReplicaState.RELEASING)).values_list("shard_id", flat=True)
     )

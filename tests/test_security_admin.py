@@ -12,7 +12,7 @@ from django.test import Client
 from agent import protocol
 from inventory.models import AdminState, Node
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = pytest.mark.django_db
 

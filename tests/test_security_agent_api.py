@@ -21,7 +21,7 @@ from inventory.models import Node
 from livestate import keys, loadstore
 from nodes.models import NodeToken
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post, register, reply_of
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent

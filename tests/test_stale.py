@@ -9,11 +9,11 @@ import time_machine
 from agent import protocol
 from devstack.faults import redis_unreachable
 from inventory import liveness
-from inventory.allocations import allocate
 from inventory.models import AdminState, Allocation, Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
 from livestate import keys, selfmetrics
 from tests.agentapi import JOIN_TOKEN, heartbeat, register, reply_of
+from tests.factories import place
 
 pytestmark = [pytest.mark.django_db]
 
@@ -109,10 +109,8 @@ def test_a_heartbeat_still_held_in_redis_counts(client, clock, tokens):
 
 
 def test_a_lost_node_frees_every_replica_with_a_shard_on_it_whole(client, clock, tokens):
-    gpu_1, gpu_2 = Node.objects.get(pk="gpu-1"), Node.objects.get(pk="gpu-2")
-    allocate(gpu_1, "r1-s0", "r1", [0])
-    allocate(gpu_2, "r1-s1", "r1", [0])  # the same replica, on a node that stays
-    allocate(gpu_2, "r2-s0", "r2", [1])
+    place("a", {"gpu-1": [0], "gpu-2": [0]})  # one replica, its second shard on a node that stays
+    place("b", {"gpu-2": [1]})
     clock.move_to(at(31))
     liveness.mark_stale()
     clock.move_to(at(280))  # recent enough that gpu-2 is alive at the next sweep
@@ -122,8 +120,8 @@ def test_a_lost_node_frees_every_replica_with_a_shard_on_it_whole(client, clock,
     result = liveness.mark_stale()
 
     assert result.lost == ["gpu-1"]
-    assert result.released_replicas == ["r1"]
-    assert list(Allocation.objects.values_list("shard_id", flat=True)) == ["r2-s0"]
+    assert result.released_replicas == ["a-r1"]
+    assert list(Allocation.objects.values_list("shard_id", flat=True)) == ["b-r1-s0"]
 
 
 def test_a_failure_on_one_node_does_not_stop_the_rest(clock, tokens, monkeypatch):
@@ -201,7 +199,7 @@ def beat(client, fleet: dict[str, str], names: list[str]) -> None:
 def test_when_most_of_the_fleet_falls_silent_at_once_none_is_lost(client, clock, fleet, caplog):
     names = sorted(fleet)
     silent, live = names[:6], names[6:]
-    allocate(Node.objects.get(pk=silent[0]), "r1-s0", "r1", [0])
+    place("a", {silent[0]: [0]})
     clock.move_to(at(280))
     beat(client, fleet, live)
 
@@ -215,7 +213,7 @@ def test_when_most_of_the_fleet_falls_silent_at_once_none_is_lost(client, clock,
     assert sorted(result.unreachable) == silent, "unreachable marking goes on"
     assert (result.lost, result.held, result.released_replicas) == ([], 6, [])
     assert {liveness_of(name) for name in silent} == {Liveness.UNREACHABLE}
-    assert Allocation.objects.filter(replica_id="r1").exists()
+    assert Allocation.objects.filter(replica_id="a-r1").exists()
     assert (again.lost, again.held) == ([], 6)
     warnings = [r.getMessage() for r in caplog.records if r.name == "inventory.liveness"]
     assert len(warnings) == 1, "at most once a minute"

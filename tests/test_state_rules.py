@@ -13,7 +13,7 @@ from inventory.liveness import mark_stale, touch
 from inventory.models import AdminState, Liveness, Node, NodeEvent, NodeState
 from inventory.operator import ACTIONS, set_admin_state
 from inventory.registration import upsert_inventory
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = pytest.mark.django_db
 
@@ -91,19 +91,18 @@ def test_a_sweep_run_twice_changes_nothing_twice():
 
 
 def test_lost_node_releases_its_replicas_whole():
-    from inventory.allocations import allocate
     from inventory.models import Allocation
+    from tests.factories import place
 
     now = timezone.now()
-    lost, _ = upsert_inventory("lost", make_inventory("lost.example", gpus=2), now=now)
-    other, _ = upsert_inventory("other", make_inventory("other.example", gpus=2), now=now)
-    allocate(lost, "r1-s0", "r1", [0])
-    allocate(other, "r1-s1", "r1", [0])
-    allocate(other, "r2-s0", "r2", [1])
+    upsert_inventory("lost", make_inventory("lost.example", gpus=2), now=now)
+    upsert_inventory("other", make_inventory("other.example", gpus=2), now=now)
+    place("a", {"lost": [0], "other": [0]})
+    place("b", {"other": [1]})
     Node.objects.filter(pk="other").update(last_heartbeat=now + timedelta(seconds=10_000))
 
     mark_stale(now + timedelta(seconds=settings.LLMGW_UNREACHABLE_AFTER + 1))
     result = mark_stale(now + timedelta(seconds=settings.LLMGW_LOST_AFTER + 1))
     assert result.lost == ["lost"]
-    assert result.released_replicas == ["r1"]
-    assert list(Allocation.objects.values_list("shard_id", flat=True)) == ["r2-s0"]
+    assert result.released_replicas == ["a-r1"]
+    assert list(Allocation.objects.values_list("shard_id", flat=True)) == ["b-r1-s0"]

@@ -1,7 +1,16 @@
 """The inventory: nodes, their hardware, and what is placed on them."""
 
 from inventory.models.allocations import Allocation, GPUClaim
-from inventory.models.choices import STATE_COLOURS, AdminState, Liveness, NodeState, derive_state
+from inventory.models.choices import (
+    STATE_COLOURS,
+    STATE_RULES,
+    AdminState,
+    Liveness,
+    NodeState,
+    derive_state,
+    state_order,
+    state_q,
+)
 from inventory.models.deployments import (
     LIVE_STATES,
     REPLICA_COLOURS,
@@ -13,16 +22,19 @@ from inventory.models.deployments import (
     Shard,
 )
 from inventory.models.fabrics import FabricAttachment
-from inventory.models.gpus import GPU, gpu_class
-from inventory.models.nodes import EngineInstall, Node, NodeEvent, actor_name
+from inventory.models.gpus import GPU, HEALTH_OK, free_q, gpu_class
+from inventory.models.nodes import AGENT_FIELDS, EngineInstall, Node, NodeEvent, actor_name
 from inventory.models.storage import Filesystem, Weights
 
 __all__ = [
+    "AGENT_FIELDS",
     "GPU",
+    "HEALTH_OK",
     "LIVE_STATES",
     "REPLICA_COLOURS",
     "RUN_STATES",
     "STATE_COLOURS",
+    "STATE_RULES",
     "AdminState",
     "Allocation",
     "Deployment",
@@ -41,5 +53,8 @@ __all__ = [
     "Weights",
     "actor_name",
     "derive_state",
+    "free_q",
     "gpu_class",
+    "state_order",
+    "state_q",
 ]

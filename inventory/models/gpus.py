@@ -5,7 +5,9 @@ from __future__ import annotations
 import re
 
 from django.db import models
+from django.db.models import Exists, OuterRef, Q
 
+from inventory.models.allocations import GPUClaim
 from inventory.models.nodes import Node
 
 _VENDOR_WORDS = re.compile(r"\b(NVIDIA|Tesla|GeForce|Quadro|AMD|Instinct|Radeon)\b", re.IGNORECASE)
@@ -13,6 +15,30 @@ _MODEL = re.compile(r"\b(RTX\s?\d{4}[A-Z]{0,2}|[A-Z]{1,3}\d{1,4}[A-Z]{0,2})\b", 
 _MEMORY_IN_NAME = re.compile(r"(\d{1,3})\s?GB\b", re.IGNORECASE)
 
 HEALTH_OK = "ok"
+
+
+def free_q() -> Q:
+    """A GPU is free when it is healthy and no shard's allocation claims it.
+
+    The one definition, as a filter, for querysets and for `Count(..., filter=)`
+    in aggregates. Whether its node may take new shards is a separate question
+    (`GPUQuerySet.on_schedulable_nodes`): the pages and /metrics count a
+    cordoned node's free GPUs, placement uses only those of ready nodes.
+    """
+    claimed = GPUClaim.objects.filter(node_id=OuterRef("node_id"), gpu_index=OuterRef("index"))
+    return Q(health=HEALTH_OK) & ~Exists(claimed)
+
+
+class GPUQuerySet(models.QuerySet):
+    def free(self) -> GPUQuerySet:
+        return self.filter(free_q())
+
+    def with_free(self) -> GPUQuerySet:
+        """Every GPU, each with `is_free` (free_q as a column): one pass reads all GPUs and which are free."""
+        return self.annotate(is_free=models.ExpressionWrapper(free_q(), output_field=models.BooleanField()))
+
+    def on_schedulable_nodes(self) -> GPUQuerySet:
+        return self.filter(Exists(Node.objects.schedulable().filter(pk=OuterRef("node_id"))))
 
 
 def gpu_class(name: str, memory_bytes: int = 0) -> str:
@@ -46,6 +72,8 @@ class GPU(models.Model):
     memory_bytes = models.BigIntegerField(default=0)
     ecc_errors = models.PositiveIntegerField(default=0)
     health = models.CharField(max_length=1024, default=HEALTH_OK)
+
+    objects = GPUQuerySet.as_manager()
 
     class Meta:
         ordering = ["node", "index"]

@@ -5,14 +5,48 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from inventory.models.choices import AdminState, Liveness, NodeState, derive_state
+from inventory.models.choices import AdminState, Liveness, NodeState, derive_state, state_q
+
+# The node fields its agent owns: every inventory report replaces them, so the
+# admin shows them read-only and registration writes exactly these. Operator
+# fields (operator_labels, notes, admin state) are never in this list.
+AGENT_FIELDS = (
+    "hostname",
+    "mgmt_addr",
+    "labels",
+    "memory_total_bytes",
+    "os",
+    "os_version",
+    "kernel",
+    "arch",
+    "cpu_model",
+    "cpus",
+    "agent_version",
+    "engine_versions",
+    "engines_probed",
+    "weights_scanned",
+    "inventory_hash",
+)
+
+
+class NodeQuerySet(models.QuerySet):
+    def in_state(self, *states: NodeState | str) -> NodeQuerySet:
+        """Nodes shown in any of `states` (the rule is choices.STATE_RULES)."""
+        condition = models.Q(pk__in=[])
+        for state in states:
+            condition |= state_q(state)
+        return self.filter(condition)
+
+    def schedulable(self) -> NodeQuerySet:
+        """Nodes placement may put new shards on."""
+        return self.in_state(NodeState.READY)
 
 
 class Node(models.Model):
     """A machine in the fleet.
 
-    Everything but `labels`, `notes` and the admin-state fields is owned by the
-    node's agent and replaced whenever it reports a new inventory.
+    The fields in AGENT_FIELDS are owned by the node's agent and replaced
+    whenever it reports a new inventory.
     """
 
     id = models.CharField(primary_key=True, max_length=128)
@@ -51,6 +85,8 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
     registered_at = models.DateTimeField(default=timezone.now)
 
+    objects = NodeQuerySet.as_manager()
+
     class Meta:
         ordering = ["id"]
         indexes = [models.Index(fields=["liveness", "last_heartbeat"])]
@@ -71,41 +107,7 @@ class Node(models.Model):
 
     @property
     def schedulable(self) -> bool:
-        return self.liveness == Liveness.ALIVE and self.admin_state == AdminState.ACTIVE
-
-    # Questions placement and the pages ask of one node. Each reads the
-    # related managers, so a caller that prefetched them asks nothing more.
-
-    def free_gpus(self) -> list[int]:
-        """Indices of GPUs that are healthy and held by no allocation, sorted."""
-        taken = {claim.gpu_index for claim in self.gpu_claims.all()}
-        return sorted(gpu.index for gpu in self.gpus.all() if gpu.healthy and gpu.index not in taken)
-
-    def gpus_by_class(self) -> dict[str, list]:
-        grouped: dict[str, list] = {}
-        for gpu in self.gpus.all():
-            grouped.setdefault(gpu.gpu_class, []).append(gpu)
-        return grouped
-
-    @property
-    def memory_total_gb(self) -> float | None:
-        if not self.memory_total_bytes:
-            return None
-        return self.memory_total_bytes / 2**30
-
-    def claimed_memory_gb(self) -> int:
-        return sum(allocation.memory_gb for allocation in self.allocations.all())
-
-    def free_memory_gb(self) -> float | None:
-        """Host memory not yet claimed by placed shards; None when the total is unknown.
-
-        None means unconstrained, not zero: a node whose agent never reported
-        its memory is placed on as freely as before the field existed.
-        """
-        total = self.memory_total_gb
-        if total is None:
-            return None
-        return max(total - self.claimed_memory_gb(), 0.0)
+        return self.state == NodeState.READY
 
     def local_disk(self) -> tuple[int, int] | None:
         """(free, total) bytes on filesystems this node fills itself; None if unknown.
@@ -119,28 +121,6 @@ class Node(models.Model):
             return None
         local = [fs for fs in filesystems if not fs.shared]
         return sum(fs.free_bytes for fs in local), sum(fs.total_bytes for fs in local)
-
-    def knows_its_weights(self) -> bool:
-        """Whether the node looked for weights at all (it had model directories)."""
-        return self.weights_scanned
-
-    def has_weights(self, path: str) -> bool:
-        """Exact path match: a source that is not a path cannot be checked from here."""
-        return any(weights.path == path for weights in self.weights.all())
-
-    def fabric_names(self) -> list[str]:
-        return sorted(attachment.fabric for attachment in self.fabrics.all())
-
-    def adapters_for(self, fabric: str) -> list[str]:
-        """The adapters on one fabric only.
-
-        A shard handed adapters of a second fabric may pick one whose peer is
-        unreachable, and the job hangs instead of failing.
-        """
-        for attachment in self.fabrics.all():
-            if attachment.fabric == fabric:
-                return list(attachment.hcas)
-        return []
 
 
 class NodeEvent(models.Model):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from typing import NamedTuple
 
 import redis
 from django.conf import settings
@@ -25,7 +26,7 @@ import livestate
 from inventory.models import derive_state
 from livestate import loadlines, loadstore, selfmetrics
 from livestate.samples import labelset, line
-from nodes.metrics import families, inventory
+from nodes.metrics import families, inventory_series
 from nodes.metrics.exposition import RenderedFamily
 from nodes.metrics.families import Family
 from nodes.metrics.rowcache import RowCache
@@ -56,36 +57,38 @@ class FleetCollector:
     def fleet(self, scrape: Scrape) -> Iterator[RenderedFamily]:
         inv = scrape.inventory
         # The last heartbeat changes with every beat, so it is no part of a node row's key.
-        nodes = self.nodes.refresh(row[:-1] for row in inv.nodes)
-        present = {row[0] for row in inv.nodes}
-        allocations = self.allocations.refresh(row for row in inv.allocations if row[0] in present)
+        nodes = self.nodes.refresh(row.facts for row in inv.nodes)
+        present = {row.facts.id for row in inv.nodes}
+        allocations = self.allocations.refresh(row for row in inv.allocations if row.node in present)
 
         for index, family in enumerate(families.NODE_LOAD):
             yield rendered(family, [stored.chunks[index] for _, stored in scrape.loads])
         shards = _shard_samples(scrape.loads, {a.shard: a for a in allocations})
-        for family, field in ((families.SHARD_CPU, 1), (families.SHARD_MEMORY, 2)):
-            name = family.name.encode()
-            yield rendered(family, [name + sample[0] + b" " + sample[field] + b"\n" for sample in shards])
+        cpu, memory = families.SHARD_CPU.name.encode(), families.SHARD_MEMORY.name.encode()
+        yield rendered(families.SHARD_CPU, [cpu + s.labels + b" " + s.cores + b"\n" for s in shards])
+        yield rendered(families.SHARD_MEMORY, [memory + s.labels + b" " + s.resident + b"\n" for s in shards])
 
-        for index, family in enumerate((families.MEMORY_TOTAL, families.STATE, families.INFO)):
-            yield rendered(family, [node[index] for node in nodes])
+        yield rendered(families.MEMORY_TOTAL, [node.memory_total for node in nodes])
+        yield rendered(families.STATE, [node.state for node in nodes])
+        yield rendered(families.INFO, [node.info for node in nodes])
         heartbeat = families.LAST_HEARTBEAT.name
         yield rendered(
             families.LAST_HEARTBEAT,
             [
-                f"{heartbeat}{node[3]} {floatToGoString(row[-1])}\n".encode()
+                f"{heartbeat}{node.labels} {floatToGoString(row.last_heartbeat)}\n".encode()
                 for node, row in zip(nodes, inv.nodes, strict=True)
-                if row[-1] is not None
+                if row.last_heartbeat is not None
             ],
         )
-        gpus = self.gpus.refresh(row for row in inv.gpus if row[0] in present)
-        for index, family in enumerate((families.GPUS, families.GPUS_FREE, families.GPU_MEMORY)):
-            yield rendered(family, [text[index] for text in gpus])
-        disks = self.disks.refresh(row for row in inv.disks if row[0] in present)
-        for index, family in enumerate((families.DISK_FREE, families.DISK_SIZE)):
-            yield rendered(family, [text[index] for text in disks])
-        for index, family in enumerate((families.SHARD_GPUS, families.SHARD_MEMORY_CLAIM)):
-            yield rendered(family, [a.lines[index] for a in allocations])
+        gpus = self.gpus.refresh(row for row in inv.gpus if row.node in present)
+        yield rendered(families.GPUS, [text.count for text in gpus])
+        yield rendered(families.GPUS_FREE, [text.free for text in gpus])
+        yield rendered(families.GPU_MEMORY, [text.memory for text in gpus])
+        disks = self.disks.refresh(row for row in inv.disks if row.node in present)
+        yield rendered(families.DISK_FREE, [text.free for text in disks])
+        yield rendered(families.DISK_SIZE, [text.size for text in disks])
+        yield rendered(families.SHARD_GPUS, [a.gpus for a in allocations])
+        yield rendered(families.SHARD_MEMORY_CLAIM, [a.memory_claim for a in allocations])
 
 
 def rendered(family: Family, chunks: list[bytes]) -> RenderedFamily:
@@ -95,7 +98,7 @@ def rendered(family: Family, chunks: list[bytes]) -> RenderedFamily:
 class Scrape:
     """One scrape's data, all read before anything is written."""
 
-    def __init__(self, inv: inventory.Inventory, fresh: list, counters: dict, redis_ok: bool):
+    def __init__(self, inv: inventory_series.Inventory, fresh: list, counters: dict, redis_ok: bool):
         self.inventory = inv
         self.loads = fresh
         self.counters = counters
@@ -103,8 +106,8 @@ class Scrape:
 
     @classmethod
     def take(cls, now: float) -> Scrape:
-        inv = inventory.read()
-        node_ids = [row[0] for row in inv.nodes]
+        inv = inventory_series.read()
+        node_ids = [row.facts.id for row in inv.nodes]
         try:
             pipe = livestate.client().pipeline(transaction=False)
             if node_ids:
@@ -124,8 +127,14 @@ class Scrape:
         return cls(inv, fresh, selfmetrics.read(replies[-1]), redis_ok=True)
 
 
-def _shard_samples(fresh: list, placed: dict) -> list[tuple[bytes, bytes, bytes]]:
-    """(labels, cores, bytes) of every shard in a fresh load, labelled from its allocation."""
+class ShardSample(NamedTuple):
+    labels: bytes
+    cores: bytes
+    resident: bytes
+
+
+def _shard_samples(fresh: list, placed: dict) -> list[ShardSample]:
+    """Every shard in a fresh load, labelled from its allocation."""
     samples = []
     for node_id, stored in fresh:
         for shard, cores, resident in stored.shards:
@@ -135,61 +144,76 @@ def _shard_samples(fresh: list, placed: dict) -> list[tuple[bytes, bytes, bytes]
             else:
                 # Running but not (or no longer) allocated here: still measured, not yet labelled.
                 labels = labelset(model="", node=node_id, replica="", shard=shard.decode()).encode()
-            samples.append((labels, cores, resident))
+            samples.append(ShardSample(labels, cores, resident))
     return samples
 
 
-def _render_node(row: tuple) -> tuple[bytes, bytes, bytes, str]:
-    """(memory total, state, info) lines of one node row (NODE_FIELDS without the heartbeat), and its label."""
-    node_id, hostname, memory, os, os_version, kernel, arch, cpu_model, agent_version, admin, liveness = row
-    node = labelset(node=node_id)
+class RenderedNode(NamedTuple):
+    memory_total: bytes  # empty when the agent never said
+    state: bytes
+    info: bytes
+    labels: str  # the label set {node="…"}, for the heartbeat line rendered on every scrape
+
+
+def _render_node(facts: inventory_series.NodeFacts) -> RenderedNode:
+    node = labelset(node=facts.id)
     info = labelset(
-        agent_version=agent_version,
-        arch=arch,
-        cpu_model=cpu_model,
-        hostname=hostname,
-        kernel=kernel,
-        node=node_id,
-        os=os,
-        os_version=os_version,
+        agent_version=facts.agent_version,
+        arch=facts.arch,
+        cpu_model=facts.cpu_model,
+        hostname=facts.hostname,
+        kernel=facts.kernel,
+        node=facts.id,
+        os=facts.os,
+        os_version=facts.os_version,
     )
-    state = labelset(node=node_id, state=derive_state(admin, liveness).value)
-    return (
-        line(families.MEMORY_TOTAL.name, node, memory).encode() if memory is not None else b"",
-        line(families.STATE.name, state, 1).encode(),
-        line(families.INFO.sample, info, 1).encode(),
-        node,
-    )
-
-
-def _render_gpus(row: tuple) -> tuple[bytes, bytes, bytes]:
-    node_id, gpu_class, count, free, memory = row
-    labels = labelset(**{"class": gpu_class, "node": node_id})
-    return (
-        line(families.GPUS.name, labels, count).encode(),
-        line(families.GPUS_FREE.name, labels, free).encode(),
-        line(families.GPU_MEMORY.name, labels, memory or 0).encode(),
+    state = labelset(node=facts.id, state=derive_state(facts.admin_state, facts.liveness).value)
+    memory = facts.memory_total_bytes
+    return RenderedNode(
+        memory_total=line(families.MEMORY_TOTAL.name, node, memory).encode() if memory is not None else b"",
+        state=line(families.STATE.name, state, 1).encode(),
+        info=line(families.INFO.sample, info, 1).encode(),
+        labels=node,
     )
 
 
-def _render_disk(row: tuple) -> tuple[bytes, bytes]:
-    node_id, free, size = row
-    node = labelset(node=node_id)
-    return line(families.DISK_FREE.name, node, free).encode(), line(families.DISK_SIZE.name, node, size).encode()
+class RenderedGPUs(NamedTuple):
+    count: bytes
+    free: bytes
+    memory: bytes
+
+
+def _render_gpus(row: inventory_series.GPURow) -> RenderedGPUs:
+    labels = labelset(**{"class": row.gpu_class, "node": row.node})
+    return RenderedGPUs(
+        count=line(families.GPUS.name, labels, row.count).encode(),
+        free=line(families.GPUS_FREE.name, labels, row.free).encode(),
+        memory=line(families.GPU_MEMORY.name, labels, row.memory or 0).encode(),
+    )
+
+
+class RenderedDisk(NamedTuple):
+    free: bytes
+    size: bytes
+
+
+def _render_disk(row: inventory_series.DiskRow) -> RenderedDisk:
+    node = labelset(node=row.node)
+    return RenderedDisk(
+        free=line(families.DISK_FREE.name, node, row.free).encode(),
+        size=line(families.DISK_SIZE.name, node, row.size).encode(),
+    )
 
 
 class _Allocation:
-    __slots__ = ("labels", "lines", "node", "shard")
+    __slots__ = ("gpus", "labels", "memory_claim", "node", "shard")
 
-    def __init__(self, row: tuple):
-        node, shard, replica, model, memory_gb, gpus = row
-        self.node, self.shard = node, shard
-        labels = labelset(model=model, node=node, replica=replica, shard=shard)
+    def __init__(self, row: inventory_series.AllocationRow):
+        self.node, self.shard = row.node, row.shard
+        labels = labelset(model=row.model, node=row.node, replica=row.replica, shard=row.shard)
         self.labels = labels.encode()
-        self.lines = (
-            line(families.SHARD_GPUS.name, labels, gpus).encode(),
-            line(families.SHARD_MEMORY_CLAIM.name, labels, memory_gb * 2**30).encode(),
-        )
+        self.gpus = line(families.SHARD_GPUS.name, labels, row.gpus).encode()
+        self.memory_claim = line(families.SHARD_MEMORY_CLAIM.name, labels, row.memory_gb * 2**30).encode()
 
 
 def self_families(counters: dict[str, float]) -> Iterator[Metric]:

@@ -12,15 +12,13 @@ import time
 from dataclasses import dataclass
 
 import redis
-from django.db.models import Case, Count, Exists, IntegerField, OuterRef, Q, QuerySet, Subquery, Value, When
-from django.db.models.functions import Coalesce
+from django.db.models import Q, QuerySet
 from django.http import QueryDict
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from inventory.models import GPU, AdminState, GPUClaim, Liveness, Node, NodeState
-from inventory.models.gpus import HEALTH_OK
-from inventory.queries import STATE_FILTERS, gpu_class_filter, label_filter
+from inventory.models import GPU, Node, NodeState, state_order
+from inventory.queries import count_per_node, gpu_class_filter, label_filter
 from nodes.views.access import login_required
 from nodes.views.loads import fetch_readings, fresh_figures
 from nodes.views.rows import ROW_FIELDS, node_rows
@@ -29,36 +27,14 @@ from nodes.views.summary import summary
 PAGE_SIZE = 100
 MAX_TEXT = 200
 
-# Worst first, so sorting by state puts the nodes that need a look at the top.
-STATE_ORDER = Case(
-    When(liveness=Liveness.LOST, then=Value(0)),
-    When(liveness=Liveness.UNREACHABLE, then=Value(1)),
-    When(admin_state=AdminState.DRAINING, then=Value(2)),
-    When(admin_state=AdminState.CORDONED, then=Value(3)),
-    default=Value(4),
-    output_field=IntegerField(),
-)
-
-
-def _count(queryset: QuerySet) -> Coalesce:
-    """A per-node count as a correlated subquery, so sorting by it needs no GROUP BY over the fleet."""
-    counted = queryset.filter(node=OuterRef("pk")).order_by().values("node").annotate(n=Count("*")).values("n")
-    return Coalesce(Subquery(counted, output_field=IntegerField()), 0)
-
-
-def _free_gpus():
-    """Healthy GPUs that no shard holds, as the row counts them."""
-    claimed = GPUClaim.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
-    return _count(GPU.objects.filter(health=HEALTH_OK).filter(~Exists(claimed)))
-
-
 # Columns sorted by the database: each is a list of order_by terms, plus an
 # annotation when the column is not a field.
 DB_SORTS = {
     "id": ([], ["id"]),
     "hostname": ([], ["hostname", "id"]),
-    "state": ([("state_order", lambda: STATE_ORDER)], ["state_order", "id"]),
-    "gpus": ([("gpu_free", _free_gpus)], ["gpu_free", "id"]),
+    # Worst first, so sorting by state puts the nodes that need a look at the top.
+    "state": ([("state_order", state_order)], ["state_order", "id"]),
+    "gpus": ([("gpu_free", lambda: count_per_node(GPU.objects.free()))], ["gpu_free", "id"]),
     # The column shows the age, so ascending is the most recent heartbeat first.
     "heartbeat": ([], ["-last_heartbeat", "id"]),
 }
@@ -111,7 +87,7 @@ class TableQuery:
         query.descending = sort.startswith("-")
         sort = sort.removeprefix("-")
         query.sort = sort if sort in DB_SORTS or sort in LOAD_SORTS else "id"
-        query.state = get.get("state", "") if get.get("state", "") in STATE_FILTERS else ""
+        query.state = get.get("state", "") if get.get("state", "") in NodeState.values else ""
         query.label = _text(get, "label")
         query.gpu = _text(get, "gpu")
         query.q = _text(get, "q")
@@ -128,7 +104,7 @@ class TableQuery:
     def nodes(self) -> QuerySet:
         queryset = Node.objects.all()
         if self.state:
-            queryset = queryset.filter(STATE_FILTERS[self.state])
+            queryset = queryset.in_state(self.state)
         if self.label:
             key, _, value = self.label.partition("=")
             if value or "=" in self.label:

@@ -11,10 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from django.db.models import Count
+from django.db.models import Count, QuerySet
 
-from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node, NodeState
-from inventory.models.gpus import HEALTH_OK
+from inventory.models import GPU, Allocation, Filesystem, Node, NodeState
 from nodes.templatetags.llmgw import age, bar_class, gib
 from nodes.views.loads import Reading, heartbeat_age
 
@@ -51,14 +50,10 @@ class NodeRow:
 
 def node_rows(nodes: list[Node], readings: dict[str, Reading], now: float, load_problem: str | None) -> list[NodeRow]:
     ids = [node.pk for node in nodes]
-    gpus: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
-    for node_id, index, health, klass in GPU.objects.filter(node_id__in=ids).values_list(
-        "node_id", "index", "health", "gpu_class"
-    ):
-        gpus[node_id].append((index, health, klass))
-    claimed: dict[str, set[int]] = defaultdict(set)
-    for node_id, index in GPUClaim.objects.filter(node_id__in=ids).values_list("node_id", "gpu_index"):
-        claimed[node_id].add(index)
+    classes: dict[str, list[str]] = defaultdict(list)
+    for node_id, klass in GPU.objects.filter(node_id__in=ids).values_list("node_id", "gpu_class"):
+        classes[node_id].append(klass)
+    free_gpus = _count_by_node(GPU.objects.free().filter(node_id__in=ids))
     disks: dict[str, list[int]] = {}
     for node_id, free, total in Filesystem.objects.filter(node_id__in=ids, shared=False).values_list(
         "node_id", "free_bytes", "total_bytes"
@@ -66,13 +61,7 @@ def node_rows(nodes: list[Node], readings: dict[str, Reading], now: float, load_
         disk = disks.setdefault(node_id, [0, 0])
         disk[0] += free
         disk[1] += total
-    engines = dict(
-        Allocation.objects.filter(node_id__in=ids)
-        .order_by()
-        .values("node_id")
-        .annotate(n=Count("id"))
-        .values_list("node_id", "n")
-    )
+    engines = _count_by_node(Allocation.objects.filter(node_id__in=ids))
     rows = []
     for node in nodes:
         state = node.state
@@ -87,16 +76,18 @@ def node_rows(nodes: list[Node], readings: dict[str, Reading], now: float, load_
             labels=[f"{key}={value}" for key, value in sorted(node.all_labels.items())],
         )
         _fill_load(row, readings[node.pk], load_problem)
-        node_gpus = gpus.get(node.pk, [])
-        if node_gpus:
-            taken = claimed.get(node.pk, set())
-            free = sum(1 for index, health, _ in node_gpus if health == HEALTH_OK and index not in taken)
-            row.gpus = f"{free}/{len(node_gpus)}"
-            row.gpu_classes = ", ".join(sorted({klass for _, _, klass in node_gpus}))
+        node_classes = classes.get(node.pk)
+        if node_classes:
+            row.gpus = f"{free_gpus.get(node.pk, 0)}/{len(node_classes)}"
+            row.gpu_classes = ", ".join(sorted(set(node_classes)))
         if node.pk in disks:
             row.disk_free, row.disk_total = gib(disks[node.pk][0]), gib(disks[node.pk][1])
         rows.append(row)
     return rows
+
+
+def _count_by_node(queryset: QuerySet) -> dict[str, int]:
+    return dict(queryset.order_by().values("node_id").annotate(n=Count("id")).values_list("node_id", "n"))
 
 
 def _fill_load(row: NodeRow, reading: Reading, load_problem: str | None) -> None:

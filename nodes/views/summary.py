@@ -15,12 +15,10 @@ from dataclasses import dataclass
 
 import msgspec
 import redis
-from django.db.models import Count, Exists, OuterRef, Q
+from django.db.models import Count
 
 import livestate
-from inventory.models import GPU, GPUClaim, Node, NodeState
-from inventory.models.gpus import HEALTH_OK
-from inventory.queries import STATE_FILTERS
+from inventory.models import GPU, Node, NodeState, free_q, state_q
 from livestate import keys
 from nodes.views.loads import REDIS_DOWN, fresh_figures
 
@@ -73,18 +71,17 @@ class Summary:
 
 def state_counts() -> tuple[int, list[tuple[NodeState, int]]]:
     """Nodes in each displayed state, in one pass over the table (cheaper than a GROUP BY)."""
-    counts = Node.objects.aggregate(**{state.value: Count("pk", filter=q) for state, q in STATE_FILTERS.items()})
+    counts = Node.objects.aggregate(**{state.value: Count("pk", filter=state_q(state)) for state in NodeState})
     states = [(state, counts[state.value]) for state in NodeState]
     return sum(n for _, n in states), states
 
 
 def gpus_by_class() -> list[GPUClassCount]:
     """Free and total GPUs per class; a GPU is free when healthy and claimed by no shard."""
-    claimed = GPUClaim.objects.filter(node=OuterRef("node"), gpu_index=OuterRef("index"))
     rows = (
         GPU.objects.order_by()
         .values("gpu_class")
-        .annotate(total=Count("id"), free=Count("id", filter=Q(health=HEALTH_OK) & ~Q(Exists(claimed))))
+        .annotate(total=Count("id"), free=Count("id", filter=free_q()))
         .order_by("gpu_class")
     )
     return [GPUClassCount(row["gpu_class"], row["free"], row["total"]) for row in rows]

@@ -15,7 +15,7 @@ from inventory.liveness import change_liveness
 from inventory.models import Allocation, GPUClaim, Liveness
 from livestate import loadstore
 from tests.browser.conftest import log_in
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 from tests.prometheus import ExpositionServer, PrometheusServer
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
