@@ -1,6 +1,6 @@
 """The agent's YAML configuration: every key, its type, and the one-line error for a bad one.
 
-Key names are fixed in DESIGN.md §5 and documented in docs/agent.md; tests read each
+Key names are fixed in docs/design.md ("Fixed points") and documented in docs/agent.md; tests read each
 of them from a file, because a key that binds to nothing fails silently otherwise.
 """
 

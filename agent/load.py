@@ -1,6 +1,6 @@
 """Load between two samples: CPU across all cores, memory, load averages, and each shard's share.
 
-The definitions are DESIGN.md §4's. The sampler keeps only the previous sample, so
+The definitions are docs/design.md's ("What a load measures"). The sampler keeps only the previous sample, so
 its memory does not depend on how long the control plane has been unreachable.
 """
 

@@ -29,7 +29,7 @@ REAL = Roots()
 
 @dataclass(frozen=True)
 class CpuTicks:
-    """Aggregate CPU counters from /proc/stat, in clock ticks, split as DESIGN.md §4 defines."""
+    """Aggregate CPU counters from /proc/stat, in clock ticks, split as docs/design.md defines a load."""
 
     busy: int
     total: int

@@ -4,7 +4,7 @@ One run: node_exporter is scraped and the agent's sampler reads /proc at the sta
 and at the end of one window, while a child process keeps part of a core busy so
 that the figure is not trivially zero. node_exporter's counters are evaluated with
 the usual rules: CPU % from the increase of `node_cpu_seconds_total` per mode (both
-DESIGN.md §4's busy/total split and the common `1 - idle` rule are shown), memory
+docs/design.md's busy/total split and the common `1 - idle` rule are shown), memory
 from `node_memory_MemAvailable_bytes`, load from `node_load1/5/15`.
 
     python -m bench.agent_accuracy [--window SECONDS]

@@ -30,7 +30,7 @@ LIMIT_PREFIX = "llmgw:limit:"
 SELF_METRICS = "llmgw:selfmetrics"
 # Lock held by the reconcile pass running now (livestate.locks); expires if its worker dies.
 RECONCILE_LOCK = "llmgw:reconcile"
-# The cluster page's fleet totals, shared by every web worker for a few seconds (nodes/views/summary.py).
+# The cluster page's fleet totals, shared by every web worker for a few seconds (web/views/summary.py).
 FLEET_TOTALS = "llmgw:pages:fleet-totals"
 
 

@@ -38,7 +38,7 @@ try:
     LLMGW_BENCH_EMPTY_VIEW = env_bool("LLMGW_BENCH_EMPTY_VIEW", False)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
     CONN_MAX_AGE = env_int("CONN_MAX_AGE", 60, minimum=0)
-    # Agent API limits (nodes/ratelimit.py), per minute, shared by all workers through Redis.
+    # Agent API limits (web/ratelimit.py), per minute, shared by all workers through Redis.
     LLMGW_REGISTER_PER_MINUTE = env_int("LLMGW_REGISTER_PER_MINUTE", 20, minimum=1)
     # Default: ten times what an agent beating at the configured interval sends.
     LLMGW_HEARTBEAT_PER_MINUTE = env_int(
@@ -79,14 +79,14 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "inventory",
-    "nodes",
+    "web",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "llmgw_site.security.SecurityHeadersMiddleware",
-    "nodes.ratelimit.AgentAPILimitMiddleware",
+    "web.ratelimit.AgentAPILimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -19,9 +19,9 @@ import livestate
 from agent import protocol
 from livestate.keys import LIMIT_PREFIX
 from livestate.limits import Limiter
-from nodes import ratelimit
-from nodes.ratelimit import REGISTER, AgentAPILimitMiddleware
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register
+from web import ratelimit
+from web.ratelimit import REGISTER, AgentAPILimitMiddleware
 
 
 class View:
@@ -140,7 +140,7 @@ def test_without_redis_the_limits_are_lifted_not_the_fleet(limits, settings, cap
         # And without waiting on retries: an outage must not slow every agent request down.
         assert time.monotonic() - started < 2
         # Said once, not once per request.
-        assert len([r for r in caplog.records if r.name == "nodes.ratelimit"]) <= 1
+        assert len([r for r in caplog.records if r.name == "web.ratelimit"]) <= 1
     finally:
         livestate.reset_client()
 

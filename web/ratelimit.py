@@ -16,7 +16,7 @@ byte of the body. Heartbeats are checked in the round trip that admits them
 (`livestate/beatscript.py`), on the same counters: at 2,000 heartbeats a
 second, two more round trips each would cost more than the rest of the
 heartbeat. The views refuse bodies over `protocol.MAX_BODY_BYTES` themselves
-(`nodes/api/rejections.py`).
+(`web/api/rejections.py`).
 
 A Redis outage lifts the rate limits rather than refusing every agent: the
 heartbeat path reports that outage itself, and a fleet that cannot beat would

@@ -14,8 +14,8 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import gzip_accepted
 
-from nodes.metrics import exposition
-from nodes.metrics.collector import FleetCollector
+from web.metrics import exposition
+from web.metrics.collector import FleetCollector
 
 log = logging.getLogger(__name__)
 

@@ -29,10 +29,10 @@ from inventory.registration import upsert_inventory
 from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics
 from livestate.cards import NodeCard
 from llmgw_site.logs import OccasionalWarning
-from nodes import ratelimit
-from nodes.api.cards import from_database
-from nodes.api.rejections import Rejected
-from nodes.models import digest_matches, split_token
+from web import ratelimit
+from web.api.cards import from_database
+from web.api.rejections import Rejected
+from web.models import digest_matches, split_token
 
 log = logging.getLogger(__name__)
 

@@ -75,7 +75,7 @@ def promql_string(value: str) -> str:
 
 
 def node_charts(node_id: str) -> list[ChartSpec]:
-    """The node page's charts, on the metric names the control plane exports (DESIGN.md §5)."""
+    """The node page's charts, on the metric names the control plane exports (docs/design.md, "Fixed points")."""
     node = f"node={promql_string(node_id)}"
     return [
         ChartSpec("cpu", "CPU", "percent", f"llmgw_node_cpu_utilization_percent{{{node}}}", series_name="CPU %"),

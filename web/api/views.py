@@ -1,7 +1,7 @@
 """The agent API's views: authenticate, validate, hand over. Nothing else happens here.
 
 Whatever is refused, including a request that needed the database while it was
-down (nodes/api/outage.py), is answered with a `protocol.Rejection`.
+down (web/api/outage.py), is answered with a `protocol.Rejection`.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from agent import protocol
-from nodes.api.heartbeats import authenticate, count_rejection, receive_heartbeat
-from nodes.api.outage import database_unavailable, is_outage
-from nodes.api.registration import join_token_name, register_node
-from nodes.api.rejections import Rejected, bearer_token, decode, json_response, read_json_body
-from nodes.ratelimit import client_address, count_failure
+from web.api.heartbeats import authenticate, count_rejection, receive_heartbeat
+from web.api.outage import database_unavailable, is_outage
+from web.api.registration import join_token_name, register_node
+from web.api.rejections import Rejected, bearer_token, decode, json_response, read_json_body
+from web.ratelimit import client_address, count_failure
 
 
 @csrf_exempt

@@ -18,9 +18,9 @@ from django_htmx.http import HttpResponseStopPolling
 from agent.protocol import Load
 from inventory.models import REPLICA_COLOURS, Allocation, Node, ReplicaState, Shard
 from inventory.operator import ACTIONS
-from nodes import promquery
-from nodes.views.access import login_required
-from nodes.views.loads import fetch_readings, heartbeat_age
+from web import promquery
+from web.views.access import login_required
+from web.views.loads import fetch_readings, heartbeat_age
 
 EVENTS_SHOWN = 20
 

@@ -4,7 +4,7 @@ Each scrape runs the five inventory queries and one Redis round trip (every
 node's rendered load with one MGET, the self-metrics hash with HGETALL,
 pipelined), so its cost in queries does not grow with the fleet. A node gone
 from the inventory has no series: nothing is carried over from one scrape to
-the next but the text of unchanged rows (nodes.metrics.rowcache). A load older
+the next but the text of unchanged rows (web.metrics.rowcache). A load older
 than LLMGW_LOAD_MAX_AGE, on the control plane's clock, is left out rather than
 repeated; the node's inventory series stay.
 """
@@ -26,10 +26,10 @@ import livestate
 from inventory.models import derive_state
 from livestate import loadlines, loadstore, selfmetrics
 from livestate.samples import labelset, line
-from nodes.metrics import families, inventory_series
-from nodes.metrics.exposition import RenderedFamily
-from nodes.metrics.families import Family
-from nodes.metrics.rowcache import RowCache
+from web.metrics import families, inventory_series
+from web.metrics.exposition import RenderedFamily
+from web.metrics.families import Family
+from web.metrics.rowcache import RowCache
 
 log = logging.getLogger(__name__)
 

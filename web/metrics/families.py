@@ -1,6 +1,6 @@
 """Every family /metrics exports: its name, help text and type, in export order.
 
-The names of the load and shard families are fixed by DESIGN.md §5. Every node
+The names of the load and shard families are fixed in docs/design.md ("Fixed points"). Every node
 family has the label `node`; shard families also `shard`, `replica`, `model`.
 """
 

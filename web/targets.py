@@ -16,7 +16,7 @@ from django.views.decorators.http import require_GET
 from inventory.models import ReplicaState, Shard
 
 # The same optional bearer token as /metrics: both tell a reader where the fleet is.
-from nodes.metrics.views import _authorized
+from web.metrics.views import _authorized
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from django.utils import timezone
 from agent import protocol
 from inventory.liveness import touch
 from inventory.registration import record_registration, upsert_inventory
-from nodes.models import JoinToken, NodeToken, digest, digest_matches
+from web.models import JoinToken, NodeToken, digest, digest_matches
 
 
 def join_token_name(token: str) -> str | None:
