@@ -90,7 +90,7 @@ def test_page_shows_host_facts_gpus_and_state(viewer_client, cluster, redis_clie
     assert "<code>/models/llama</code> safetensors" in html
     assert 'class="provision-failed">failed' in html and "no CUDA" in html
     assert html.count("H100-80GB") >= 2
-    assert 'id="node-charts"' in html and 'hx-trigger="load"' in html
+    assert 'id="node-charts"' in html and 'hx-trigger="load, every 30s"' in html
 
 
 def test_engines_join_allocations_with_the_shards_load(viewer_client, placed, redis_client):
