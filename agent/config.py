@@ -20,8 +20,9 @@ from agent import protocol
 from agent.engines import DEFAULT_PROBES, ENGINES
 from agent.shard_config import ShardConfig
 
-_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# \Z, not $: $ would also match before a final newline.
+_NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 Command = str | list[str]
 

@@ -37,7 +37,9 @@ MAX_ARGS = 128
 # count or counter comes close.
 MAX_COUNT = 2**53
 
-NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")]
+# Every pattern ends in \Z, not $: msgspec searches with `re`, where $ also matches
+# before a final newline, so "victim-1\n" would pass as an id (issue 17).
+NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z")]
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
 Detail = Annotated[str, msgspec.Meta(max_length=MAX_DETAIL)]
 Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
@@ -45,7 +47,7 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1e9)]
 Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Timestamp = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
-LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")]
+LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-/]*\Z")]
 Labels = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=MAX_LABELS)]
 
 

@@ -7,6 +7,7 @@ ALLOWED_HOSTS, and `manage.py check --deploy` is clean.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -46,6 +47,10 @@ try:
     )
     LLMGW_AUTH_FAILURES_PER_MINUTE = env_int("LLMGW_AUTH_FAILURES_PER_MINUTE", 30, minimum=1)
     LLMGW_PROXY_HOPS = env_int("LLMGW_PROXY_HOPS", 0, minimum=0)
+    # Login lockout (django-axes): wrong passwords allowed per user name and, separately,
+    # per address before either is locked out for the cool-off.
+    LLMGW_LOGIN_FAILURE_LIMIT = env_int("LLMGW_LOGIN_FAILURE_LIMIT", 5, minimum=1)
+    LLMGW_LOGIN_COOLOFF_MINUTES = env_float("LLMGW_LOGIN_COOLOFF_MINUTES", 15.0, minimum=0.1)
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
@@ -76,6 +81,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "axes",
     "django_htmx",
     "template_partials",
     "inventory",
@@ -94,7 +100,26 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # Last, as django-axes asks: it turns a locked-out login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
+
+# AxesStandaloneBackend refuses a locked-out user name or address before the password
+# is even checked, so the right password fails too until the cool-off ends or an
+# operator clears it (`manage.py axes_reset`, or the admin's "Access attempts").
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = LLMGW_LOGIN_FAILURE_LIMIT
+AXES_COOLOFF_TIME = timedelta(minutes=LLMGW_LOGIN_COOLOFF_MINUTES)
+# Each entry is counted on its own: one user name tried from many addresses is locked,
+# and so is one address trying many user names.
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+# The same address the agent API's limits count, so LLMGW_PROXY_HOPS applies here too.
+AXES_CLIENT_IP_CALLABLE = "web.ratelimit.client_address"
+AXES_LOCKOUT_TEMPLATE = "admin/locked_out.html"
 
 ROOT_URLCONF = "llmgw_site.urls"
 WSGI_APPLICATION = "llmgw_site.wsgi.application"
@@ -173,7 +198,8 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": "INFO"},
-    "loggers": {"django.db.backends": {"level": "WARNING"}},
+    # django-axes logs every login at INFO; its warnings (failures, lockouts) are what matter.
+    "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
 
 # WhiteNoise serves the static files from the same gunicorn that serves pages,

@@ -93,7 +93,7 @@ def test_summary_counts_states_cores_memory_and_gpus(viewer_client, cluster, red
     assert "144.0</span> of 384 cores busy" in html
     assert "300 GiB</span> of 1.0 TiB used" in html
     # 32 H100s, none claimed.
-    assert re.search(r"H100-80GB</a> <span class=\"num\">32</span> of 32", html)
+    assert re.search(r"H100-80GB</bdi></a> <span class=\"num\">32</span> of 32", html)
 
 
 def test_cpu_and_ram_bars_carry_the_values(viewer_client, cluster, redis_client):

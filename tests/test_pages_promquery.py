@@ -79,7 +79,7 @@ def test_slow_prometheus_costs_at_most_the_timeout(silent_server):
     started = time.monotonic()
     with pytest.raises(PrometheusUnavailable, match="did not answer within 2 s"):
         promquery.node_history("n1", base_url=silent_server)
-    # All six queries wait side by side, not one after another.
+    # The six queries share one deadline: the first to hang spends it, and the rest are not tried.
     assert time.monotonic() - started < promquery.TIMEOUT + 1.0
 
 

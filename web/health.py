@@ -2,12 +2,14 @@
 
 from django.db import connection
 from django.http import JsonResponse
-from django.views.decorators.http import require_GET
+from django.views.decorators.http import require_safe
 
+# require_safe: load balancers probe with HEAD as well as GET. The WSGI server
+# (gunicorn, runserver) sends a HEAD answer's status and headers without its body.
 import livestate
 
 
-@require_GET
+@require_safe
 def healthz(request):
     return JsonResponse({"status": "ok"})
 
@@ -29,7 +31,7 @@ def _check_redis() -> str | None:
     return None
 
 
-@require_GET
+@require_safe
 def readyz(request):
     problems = {
         name: problem

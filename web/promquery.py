@@ -1,21 +1,22 @@
 """An hour of a node's history from Prometheus, for the node page's charts.
 
 The server asks Prometheus (`query_range`) and hands the browser ready series;
-the browser never talks to Prometheus. Every query has a 2 s budget, and all of
-a page's queries run side by side, so a slow or dead Prometheus costs the page
-about 2 s at worst and turns into a sentence on the page, never an error page.
+the browser never talks to Prometheus. A page's queries share one 2 s deadline,
+so a slow, dead or trickling Prometheus costs the page 2 s at worst, and it, or an
+answer of the wrong shape, turns into a sentence on the page, never an error page.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import time
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FuturesTimeout
 from dataclasses import dataclass, field
+from urllib.parse import urlencode
 
-import requests
 from django.conf import settings
+
+from web import promhttp, promshape
 
 TIMEOUT = 2.0
 SPAN = 3600
@@ -104,33 +105,38 @@ def node_charts(node_id: str) -> list[ChartSpec]:
 
 
 def query_range(
-    query: str, start: float, end: float, step: float, base_url: str | None = None, timeout: float = TIMEOUT
-) -> list[dict]:
-    """The `result` of one range query (a list of {metric, values}); raises PrometheusUnavailable."""
+    query: str, start: float, end: float, step: float, base_url: str | None = None, deadline: float | None = None
+) -> list[promshape.Series]:
+    """The `result` of one range query (a list of {metric, values}), checked for shape.
+
+    Raises PrometheusUnavailable, saying why, when Prometheus cannot be reached,
+    refuses, answers something of another shape, or has not finished by `deadline`
+    (a `time.monotonic()` value; TIMEOUT from now when not given).
+    """
     base = (base_url or settings.PROMETHEUS_URL).rstrip("/")
+    deadline = deadline if deadline is not None else time.monotonic() + TIMEOUT
+    params = urlencode({"query": query, "start": start, "end": end, "step": step})
     try:
-        response = requests.get(
-            f"{base}/api/v1/query_range",
-            params={"query": query, "start": start, "end": end, "step": step},
-            timeout=timeout,
-        )
-    except requests.Timeout:
-        raise PrometheusUnavailable(f"Prometheus at {base} did not answer within {timeout:g} s") from None
-    except requests.ConnectionError:
+        status, raw = promhttp.get(f"{base}/api/v1/query_range?{params}", deadline)
+    except promhttp.DeadlinePassed:
+        raise PrometheusUnavailable(f"Prometheus at {base} did not answer within {TIMEOUT:g} s") from None
+    except promhttp.NotHTTP:
+        raise PrometheusUnavailable(f"Prometheus at {base} answered something that is not HTTP") from None
+    except promhttp.TooLarge:
+        raise PrometheusUnavailable(f"Prometheus at {base} answered more than {promhttp.MAX_BYTES} bytes") from None
+    except OSError:
         raise PrometheusUnavailable(f"Prometheus at {base} is not reachable") from None
-    except requests.RequestException as exc:
-        raise PrometheusUnavailable(f"Prometheus at {base} failed: {exc.__class__.__name__}") from None
     try:
-        body = response.json()
+        body = json.loads(raw)
     except ValueError:
-        raise PrometheusUnavailable(
-            f"Prometheus at {base} answered HTTP {response.status_code} without its API's JSON"
-        ) from None
+        raise PrometheusUnavailable(f"Prometheus at {base} answered HTTP {status} without its API's JSON") from None
     if not isinstance(body, dict) or body.get("status") != "success":
         error = body.get("error", "unknown error") if isinstance(body, dict) else "unknown error"
-        raise PrometheusUnavailable(f"Prometheus refused the query (HTTP {response.status_code}): {error}")
-    result = body.get("data", {}).get("result", [])
-    return result if isinstance(result, list) else []
+        raise PrometheusUnavailable(f"Prometheus refused the query (HTTP {status}): {error}")
+    try:
+        return promshape.matrix(body)
+    except promshape.WrongShape as exc:
+        raise PrometheusUnavailable(f"Prometheus at {base} answered in an unexpected shape: {exc}") from None
 
 
 def grid(now: float, span: int = SPAN, step: int = STEP) -> list[float]:
@@ -141,7 +147,9 @@ def grid(now: float, span: int = SPAN, step: int = STEP) -> list[float]:
     return [float(end - span + i * step) for i in range(span // step + 1)]
 
 
-def align(result: list[dict], times: list[float], spec: ChartSpec) -> tuple[list[str], list[list[float | None]]]:
+def align(
+    result: list[promshape.Series], times: list[float], spec: ChartSpec
+) -> tuple[list[str], list[list[float | None]]]:
     """Put each series of a range result on the shared axis, None where it has no point."""
     start, step = times[0], (times[1] - times[0]) if len(times) > 1 else 1.0
     named = []
@@ -162,22 +170,17 @@ def align(result: list[dict], times: list[float], spec: ChartSpec) -> tuple[list
 
 
 def node_history(node_id: str, now: float | None = None, base_url: str | None = None) -> History:
-    """An hour of the node's charts; raises PrometheusUnavailable with the reason."""
+    """An hour of the node's charts; raises PrometheusUnavailable with the reason.
+
+    The queries share one deadline: each is a few milliseconds from a healthy
+    Prometheus, and one after another they need no threads, so a Prometheus that
+    hangs or trickles costs the request TIMEOUT at most and leaves nothing running.
+    """
     times = grid(now if now is not None else time.time())
-    specs = node_charts(node_id)
-    pool = ThreadPoolExecutor(max_workers=len(specs), thread_name_prefix="promquery")
-    futures = [pool.submit(query_range, s.query, times[0], times[-1], STEP, base_url) for s in specs]
-    deadline = time.monotonic() + TIMEOUT + 0.5
-    try:
-        # A server that trickles bytes can outlast the per-read timeout, so the
-        # page also keeps a deadline of its own and leaves such a query behind.
-        results = [f.result(timeout=max(deadline - time.monotonic(), 0)) for f in futures]
-    except FuturesTimeout:
-        raise PrometheusUnavailable(f"Prometheus did not answer within {TIMEOUT:g} s") from None
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + TIMEOUT
     charts = []
-    for spec, result in zip(specs, results, strict=True):
+    for spec in node_charts(node_id):
+        result = query_range(spec.query, times[0], times[-1], STEP, base_url, deadline)
         series, values = align(result, times, spec)
         charts.append(Chart(spec.key, spec.title, spec.unit, series, values))
     return History(times=times, charts=charts)

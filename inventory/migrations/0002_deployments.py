@@ -23,7 +23,7 @@ class Migration(migrations.Migration):
                         unique=True,
                         validators=[
                             django.core.validators.RegexValidator(
-                                "^[a-z0-9][a-z0-9._-]*$",
+                                r"^[a-z0-9][a-z0-9._-]*\Z",
                                 "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit",
                             )
                         ],

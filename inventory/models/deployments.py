@@ -24,7 +24,9 @@ from livestate import shardversion
 # Replica and shard ids are built from the name and travel in heartbeats as
 # node-id-like strings, so the name keeps to the same alphabet.
 NAME_VALIDATOR = RegexValidator(
-    r"^[a-z0-9][a-z0-9._-]*$", "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit"
+    # \Z, not $: RegexValidator searches, and $ also matches before a final newline.
+    r"^[a-z0-9][a-z0-9._-]*\Z",
+    "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit",
 )
 
 

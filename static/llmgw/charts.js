@@ -91,4 +91,28 @@
   }
 
   document.addEventListener("htmx:load", (event) => draw(event.detail.elt));
+
+  // htmx swaps in only a successful answer, and the charts section keeps polling on
+  // its own trigger either way; a failed try only needs saying, in place of the
+  // "Loading" line or above charts that are now getting old.
+  function reportFailure(event) {
+    const section = event.detail.elt;
+    if (!section || section.id !== "node-charts") return;
+    const xhr = event.detail.xhr;
+    const why = event.type === "htmx:sendError" || !xhr || !xhr.status
+      ? "the server could not be reached"
+      : "the server answered HTTP " + xhr.status;
+    const loading = section.querySelector(".charts-loading");
+    if (loading) loading.remove();
+    let note = section.querySelector(".charts-failed");
+    if (!note) {
+      note = document.createElement("p");
+      note.className = "warning charts-failed";
+      note.setAttribute("role", "status");
+      section.prepend(note);
+    }
+    note.textContent = "History could not be loaded: " + why + "; trying again every 30 s.";
+  }
+  document.addEventListener("htmx:responseError", reportFailure);
+  document.addEventListener("htmx:sendError", reportFailure);
 })();

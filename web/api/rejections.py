@@ -73,11 +73,28 @@ def read_json_body(request: HttpRequest) -> bytes:
     limit = protocol.MAX_BODY_BYTES
     if declared > limit:
         raise Rejected(413, "$", f"the body is larger than {limit} bytes", "too_large")
-    # Read one byte past the limit: a body without a truthful length is caught too.
-    body = request.read(limit + 1)
+    if "chunked" in request.META.get("HTTP_TRANSFER_ENCODING", "").lower():
+        body = _read_chunked(request, limit)
+    else:
+        # Read one byte past the limit: a body without a truthful length is caught too.
+        body = request.read(limit + 1)
     if len(body) > limit:
         raise Rejected(413, "$", f"the body is larger than {limit} bytes", "too_large")
     return body
+
+
+def _read_chunked(request: HttpRequest, limit: int) -> bytes:
+    """A body sent without a length (Transfer-Encoding: chunked).
+
+    Django reads only as many bytes as Content-Length says, so none here; the body
+    can be read from the WSGI input itself when the server has de-chunked it and
+    marks where it ends (`wsgi.input_terminated`, as gunicorn does). Otherwise
+    reading it could block or read framing as data, so the agent is told to send
+    a length instead.
+    """
+    if not request.META.get("wsgi.input_terminated"):
+        raise Rejected(411, "Content-Length", "required: this server cannot read a chunked body", "length_required")
+    return request.META["wsgi.input"].read(limit + 1)
 
 
 def decode(body: bytes, kind: type[protocol.Struct]):

@@ -1,0 +1,71 @@
+"""The shape of a Prometheus range-query answer, checked before anything reads it.
+
+A proxy, an old or a broken Prometheus can answer `"status": "success"` with
+`"data": null`, a list for an object, or a timestamp of "nan"; each of these
+becomes WrongShape naming the place, so the page can say what went wrong.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TypedDict
+
+
+class Series(TypedDict):
+    metric: dict[str, str]
+    values: list[tuple[float, float]]
+
+
+class WrongShape(Exception):
+    """The answer is not a range query's matrix; the message names the place."""
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
+
+
+def _expect(value: object, kind: type, where: str) -> None:
+    if not isinstance(value, kind) or isinstance(value, bool):
+        wanted = "an object" if kind is dict else "a list"
+        raise WrongShape(f"{where} is {_kind(value)}, not {wanted}")
+
+
+def _point(point: object, where: str) -> tuple[float, float]:
+    if not isinstance(point, list) or len(point) != 2:
+        raise WrongShape(f"{where} is not a [time, value] pair")
+    t, raw = point
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+        raise WrongShape(f"{where}[0] is {t!r}, not a time")
+    if not isinstance(raw, str):
+        raise WrongShape(f"{where}[1] is {_kind(raw)}, not a value in a string")
+    try:
+        # Prometheus writes NaN and ±Inf as strings: they are values, shown as gaps later.
+        value = float(raw)
+    except ValueError:
+        raise WrongShape(f"{where}[1] is {raw[:20]!r}, not a number") from None
+    return float(t), value
+
+
+def matrix(body: dict) -> list[Series]:
+    """The series of a successful range query's answer; raises WrongShape."""
+    data = body.get("data")
+    _expect(data, dict, "data")
+    if data.get("resultType") != "matrix":
+        raise WrongShape(f"data.resultType is {data.get('resultType')!r}, not 'matrix'")
+    result = data.get("result")
+    _expect(result, list, "data.result")
+    checked = []
+    for i, series in enumerate(result):
+        where = f"data.result[{i}]"
+        _expect(series, dict, where)
+        metric = series.get("metric")
+        _expect(metric, dict, f"{where}.metric")
+        if not all(isinstance(v, str) for v in metric.values()):
+            raise WrongShape(f"{where}.metric has a label whose value is not a string")
+        values = series.get("values")
+        _expect(values, list, f"{where}.values")
+        points = [_point(point, f"{where}.values[{j}]") for j, point in enumerate(values)]
+        checked.append(Series(metric=metric, values=points))
+    return checked
