@@ -25,10 +25,22 @@ local load_lines = ARGV[9]         -- load lines, or empty
 local load_expiry = ARGV[10]       -- load expiry (s)
 local salt = ARGV[11]              -- a random salt
 
-local refused = tonumber(redis.call('GET', refused_key) or '0')
-if refused >= tonumber(refused_allowed) then
-  return {'locked'}
+-- A refused credential counts against the address it came from; past the budget the
+-- address hears 'locked' instead, for the rest of the minute. Only a wrong credential is
+-- ever counted or locked: a right one is accepted whatever its address has sent, since
+-- every agent behind a proxy shares that address with whoever else comes through it.
+local function refuse()
+  local refused = redis.call('INCR', refused_key)
+  if refused == 1 then
+    redis.call('EXPIRE', refused_key, counter_expiry)
+  end
+  if refused > tonumber(refused_allowed) then
+    return {'locked'}
+  end
+  return {'unauthorized'}
 end
+
+-- Keyed by the digest of the whole token: a stranger's wrong secret counts on a key of its own.
 local hits = redis.call('INCR', rate_key)
 if hits == 1 then
   redis.call('EXPIRE', rate_key, counter_expiry)
@@ -53,10 +65,10 @@ end
 -- how near it came. A revoked card's digest is empty.
 local expected = card[2]
 if type(expected) ~= 'string' or #expected == 0 then
-  return {'unauthorized'}
+  return refuse()
 end
 if redis.sha1hex(salt .. expected) ~= redis.sha1hex(salt .. secret_digest) then
-  return {'unauthorized'}
+  return refuse()
 end
 
 -- A node coming back to life, or a new inventory, is the database's business.

@@ -59,7 +59,10 @@ class Caller:
     cached_shards: bytes | None = None
 
 
-def unauthorized(reason: str = "unknown or revoked node token") -> Rejected:
+UNKNOWN_TOKEN = "unknown or revoked node token"
+
+
+def unauthorized(reason: str = UNKNOWN_TOKEN) -> Rejected:
     return Rejected(401, "Authorization", reason, "unauthorized")
 
 
@@ -71,22 +74,25 @@ def authenticate(
 ) -> Caller:
     """The node whose token this is, or a 401 or 429: nothing in the body can name another node.
 
+    A wrong token is counted against `address` (nodes/ratelimit.py); a right one
+    is accepted whatever else that address has sent.
+
     With the heartbeat given, an ordinary one is applied in the same round trip (`Caller.applied`).
     """
     node_id, secret = split_token(token)
     if len(node_id) > protocol.MAX_ID or not _NODE_ID.fullmatch(node_id):
-        raise unauthorized("not a node token")
+        raise ratelimit.refused_credential(address, "not a node token", received_at)
     apply = beat is not None and beat.inventory is None
     load = loadstore.render(node_id, beat.load, received_at) if apply and beat.load is not None else None
     try:
         verdict = beatscript.run(node_id, secret, token, address, received_at, apply, load)
     except redis.RedisError as exc:
         _warn_redis_down(REDIS_DOWN, exc)
-        return Caller(_card_from_database(node_id, secret), cached=False, redis_up=False)
+        return Caller(_card_from_database(node_id, secret, address, received_at), cached=False, redis_up=False)
     match verdict.outcome:
+        # The script has counted the refused secret against the address itself.
         case beatscript.LOCKED:
-            remaining = limits.seconds_left(received_at)
-            raise Rejected(429, "authorization", ratelimit.TOO_MANY_REFUSED, "rate_limited", remaining)
+            raise ratelimit.locked(received_at)
         case beatscript.RATE:
             limit = settings.LLMGW_HEARTBEAT_PER_MINUTE
             reason = f"more than {limit} heartbeats with this token per minute"
@@ -94,7 +100,7 @@ def authenticate(
         case beatscript.UNAUTHORIZED:
             raise unauthorized()
         case beatscript.STALE:
-            card = _card_from_database(node_id, secret, verdict.generation)
+            card = _card_from_database(node_id, secret, address, received_at, verdict.generation)
             return Caller(card, cached=False, redis_up=True)
     return Caller(
         verdict.card,
@@ -106,10 +112,10 @@ def authenticate(
     )
 
 
-def _card_from_database(node_id: str, secret: str, generation: int = 0) -> NodeCard:
+def _card_from_database(node_id: str, secret: str, address: str, received_at: float, generation: int = 0) -> NodeCard:
     card = from_database(node_id, generation)
     if card is None or not digest_matches(secret, card.secret_digest):
-        raise unauthorized()
+        raise ratelimit.refused_credential(address, UNKNOWN_TOKEN, received_at)
     return card
 
 
