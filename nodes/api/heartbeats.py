@@ -25,8 +25,8 @@ import livestate
 from agent import protocol
 from inventory import desired, liveness
 from inventory.models import Liveness, Node, derive_state
-from inventory.registration import upsert_inventory
-from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics
+from inventory.registration import ReplayedInventory, upsert_inventory
+from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics, sequence
 from livestate.cards import NodeCard
 from llmgw_site.logs import OccasionalWarning
 from nodes import ratelimit
@@ -53,6 +53,8 @@ class Caller:
     # The card came from Redis, current: no need to store it again.
     cached: bool
     redis_up: bool
+    # The client address the request came from: recorded with a new inventory (nodes/targets.py).
+    address: str = ""
     # The beat script has already applied the heartbeat and read the node's shards.
     applied: bool = False
     shard_version: tuple[int, int] | None = None
@@ -84,11 +86,13 @@ def authenticate(
         raise ratelimit.refused_credential(address, "not a node token", received_at)
     apply = beat is not None and beat.inventory is None
     load = loadstore.render(node_id, beat.load, received_at) if apply and beat.load is not None else None
+    boot_id, seq = (beat.boot_id, beat.seq) if beat is not None else ("", 0)
     try:
-        verdict = beatscript.run(node_id, secret, token, address, received_at, apply, load)
+        verdict = beatscript.run(node_id, secret, token, address, received_at, apply, load, boot_id, seq)
     except redis.RedisError as exc:
         _warn_redis_down(REDIS_DOWN, exc)
-        return Caller(_card_from_database(node_id, secret, address, received_at), cached=False, redis_up=False)
+        card = _card_from_database(node_id, secret, address, received_at)
+        return Caller(card, cached=False, redis_up=False, address=address)
     match verdict.outcome:
         # The script has counted the refused secret against the address itself.
         case beatscript.LOCKED:
@@ -99,17 +103,39 @@ def authenticate(
             raise Rejected(429, "rate", reason, "rate_limited", limits.seconds_left(received_at))
         case beatscript.UNAUTHORIZED:
             raise unauthorized()
+        case beatscript.REPLAYED:
+            raise replayed(seq, verdict.newest_seq)
         case beatscript.STALE:
             card = _card_from_database(node_id, secret, address, received_at, verdict.generation)
-            return Caller(card, cached=False, redis_up=True)
+            # The script could not check the token, so it left the sequence alone: now it is proven.
+            newest = _advance_sequence(node_id, boot_id, seq)
+            if newest is not None:
+                raise replayed(seq, newest)
+            return Caller(card, cached=False, redis_up=True, address=address)
     return Caller(
         verdict.card,
         cached=True,
         redis_up=True,
+        address=address,
         applied=verdict.outcome == beatscript.APPLIED,
         shard_version=verdict.shard_version,
         cached_shards=verdict.cached_shards,
     )
+
+
+def replayed(seq: int, newest: int) -> Rejected:
+    """The refusal of a heartbeat no newer than one already received from the same agent run."""
+    reason = f"heartbeat {seq} of this run is not newer than heartbeat {newest}, already received; nothing changed"
+    return Rejected(409, "$.seq", reason, "replayed")
+
+
+def _advance_sequence(node_id: str, boot_id: str, seq: int) -> int | None:
+    try:
+        return sequence.advance(node_id, boot_id, seq)
+    except redis.RedisError as exc:
+        # Redis failed between two calls: the database still refuses an old inventory.
+        _warn_redis_down(REDIS_DOWN, exc)
+        return None
 
 
 def _card_from_database(node_id: str, secret: str, address: str, received_at: float, generation: int = 0) -> NodeCard:
@@ -136,7 +162,18 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
     at = datetime.fromtimestamp(received_at, UTC)
     store_card = not caller.cached
     if beat.inventory is not None:
-        upsert_inventory(card.node_id, beat.inventory, beat.inventory_hash, now=at)
+        try:
+            upsert_inventory(
+                card.node_id,
+                beat.inventory,
+                beat.inventory_hash,
+                now=at,
+                boot_id=beat.boot_id,
+                seq=beat.seq,
+                source_addr=ratelimit.as_ip(caller.address),
+            )
+        except ReplayedInventory as exc:
+            raise replayed(beat.seq, exc.stored_seq) from None
         card.inventory_hash = beat.inventory_hash
         store_card = True
     written = False
