@@ -12,7 +12,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from llmgw_site.env import EnvError, env_bool, env_float, env_int, env_list, env_str
+from llmgw_site.env import EnvError, env_bool, env_float, env_int, env_list, env_networks, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LLMGW_VAR_DIR", str(BASE_DIR / "var")))
@@ -46,6 +46,9 @@ try:
     )
     LLMGW_AUTH_FAILURES_PER_MINUTE = env_int("LLMGW_AUTH_FAILURES_PER_MINUTE", 30, minimum=1)
     LLMGW_PROXY_HOPS = env_int("LLMGW_PROXY_HOPS", 0, minimum=0)
+    # Networks whose addresses an agent may name as its management address for
+    # Prometheus to scrape (nodes/targets.py); empty: only the address it beats from.
+    LLMGW_TRUSTED_TARGET_NETWORKS = env_networks("LLMGW_TRUSTED_TARGET_NETWORKS")
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
