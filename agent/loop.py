@@ -9,10 +9,12 @@ no memory: when the control plane returns it gets the latest load only.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +79,12 @@ class Agent:
         self.acknowledged_hash = ""
         self.inventory_wanted = False
         self.token: str | None = None
+        # This run's name and its heartbeats' numbers (docs/protocol.md): the control plane
+        # refuses a heartbeat no newer than one it has from the same run, so a delayed or
+        # replayed one cannot put back an older state. Random per start, since a new run
+        # must never be mistaken for an old one, whatever the clock did in between.
+        self.boot_id = uuid.uuid4().hex
+        self._numbers = itertools.count(1)
         self.beats_failed = 0  # in a row
         self.beats_rejected = 0  # in a row
         self._last_complaint = float("-inf")
@@ -179,6 +187,8 @@ class Agent:
             load=load,
             shards=self.runner.statuses(),
             sent_at=time.time(),
+            boot_id=self.boot_id,
+            seq=next(self._numbers),
         )
 
     def beat_once(self) -> protocol.HeartbeatReply:

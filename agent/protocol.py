@@ -41,6 +41,8 @@ MAX_COUNT = 2**53
 # before a final newline, so "victim-1\n" would pass as an id (issue 17).
 NodeId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z")]
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+BootId = Annotated[str, msgspec.Meta(max_length=MAX_ID)]
+SequenceNumber = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Detail = Annotated[str, msgspec.Meta(max_length=MAX_DETAIL)]
 Bytes = Annotated[int, msgspec.Meta(ge=0, le=MAX_COUNT)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
@@ -181,6 +183,12 @@ class Heartbeat(Struct):
     # The agent's own clock, for the operator's curiosity only: every age is
     # measured on the control plane's clock.
     sent_at: Timestamp = 0.0
+    # Which run of the agent sent this (random, new at each start) and its number
+    # within that run, from 1. A heartbeat no newer than one already received from
+    # the same run is refused (409, `$.seq`) and changes nothing. Empty and 0, as
+    # agents before these fields send, mean: no order is claimed.
+    boot_id: BootId = ""
+    seq: SequenceNumber = 0
 
 
 class Register(Struct):

@@ -21,17 +21,34 @@ from inventory.models import (
 )
 
 
+class ReplayedInventory(Exception):
+    """The inventory came with a heartbeat no newer than the one the stored inventory came with."""
+
+    def __init__(self, boot_id: str, seq: int, stored_seq: int):
+        super().__init__(f"heartbeat {seq} of run {boot_id} is not newer than {stored_seq}, already received")
+        self.stored_seq = stored_seq
+
+
 def upsert_inventory(
     node_id: str,
     inventory: protocol.Inventory,
     inventory_hash: str = "",
     now: datetime | None = None,
+    boot_id: str = "",
+    seq: int = 0,
+    source_addr: str | None = None,
 ) -> tuple[Node, bool]:
     """Create or update a node from its agent's report, in one transaction.
 
     The node's hardware rows are replaced whole; its admin state, notes and
     liveness are left alone, so an agent re-registering never clears a cordon
     or a drain. Returns the node and whether it was created.
+
+    `boot_id` and `seq` say which heartbeat of which agent run the inventory came
+    with: one no newer than the stored inventory's, from the same run, raises
+    ReplayedInventory and changes nothing (the beat script refuses most such
+    heartbeats first; this holds while Redis is down and when two race).
+    `source_addr`, the client address the report came from, is recorded when given.
     """
     now = now or timezone.now()
     host = inventory.host
@@ -52,7 +69,13 @@ def upsert_inventory(
         "weights_scanned": inventory.weights_scanned,
         "inventory_hash": inventory_hash,
         "labels": dict(inventory.labels),
+        "inventory_boot_id": boot_id,
+        "inventory_seq": seq,
     }
+    fields = list(AGENT_FIELDS)
+    if source_addr is not None:
+        values["source_addr"] = source_addr
+        fields.append("source_addr")
     with transaction.atomic():
         node = Node.objects.select_for_update().filter(pk=node_id).first()
         created = node is None
@@ -60,9 +83,11 @@ def upsert_inventory(
             node = Node(id=node_id, registered_at=now, last_heartbeat=now, **values)
             node.save(force_insert=True)
         else:
-            for field in AGENT_FIELDS:
+            if boot_id and node.inventory_boot_id == boot_id and seq <= node.inventory_seq:
+                raise ReplayedInventory(boot_id, seq, node.inventory_seq)
+            for field in fields:
                 setattr(node, field, values[field])
-            node.save(update_fields=list(AGENT_FIELDS))
+            node.save(update_fields=fields)
         _replace_hardware(node, inventory)
     return node, created
 

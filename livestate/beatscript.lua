@@ -12,6 +12,7 @@ local load_key = KEYS[6]           -- load
 local load_lines_key = KEYS[7]     -- load's /metrics lines
 local shard_versions_key = KEYS[8] -- shard versions (hash)
 local node_shards_key = KEYS[9]    -- node's cached shards
+local sequence_key = KEYS[10]      -- node's newest heartbeat: boot id, number (hash)
 
 local refused_allowed = ARGV[1]    -- refused tokens allowed
 local heartbeats_allowed = ARGV[2] -- heartbeats allowed
@@ -24,11 +25,26 @@ local load = ARGV[8]               -- load, or empty
 local load_lines = ARGV[9]         -- load lines, or empty
 local load_expiry = ARGV[10]       -- load expiry (s)
 local salt = ARGV[11]              -- a random salt
+local boot_id = ARGV[12]           -- the agent run's boot id, or empty
+local seq = ARGV[13]               -- the heartbeat's number in that run
+local sequence_expiry = ARGV[14]   -- sequence expiry (s)
 
-local refused = tonumber(redis.call('GET', refused_key) or '0')
-if refused >= tonumber(refused_allowed) then
-  return {'locked'}
+-- A refused credential counts against the address it came from; past the budget the
+-- address hears 'locked' instead, for the rest of the minute. Only a wrong credential is
+-- ever counted or locked: a right one is accepted whatever its address has sent, since
+-- every agent behind a proxy shares that address with whoever else comes through it.
+local function refuse()
+  local refused = redis.call('INCR', refused_key)
+  if refused == 1 then
+    redis.call('EXPIRE', refused_key, counter_expiry)
+  end
+  if refused > tonumber(refused_allowed) then
+    return {'locked'}
+  end
+  return {'unauthorized'}
 end
+
+-- Keyed by the digest of the whole token: a stranger's wrong secret counts on a key of its own.
 local hits = redis.call('INCR', rate_key)
 if hits == 1 then
   redis.call('EXPIRE', rate_key, counter_expiry)
@@ -53,10 +69,21 @@ end
 -- how near it came. A revoked card's digest is empty.
 local expected = card[2]
 if type(expected) ~= 'string' or #expected == 0 then
-  return {'unauthorized'}
+  return refuse()
 end
 if redis.sha1hex(salt .. expected) ~= redis.sha1hex(salt .. secret_digest) then
-  return {'unauthorized'}
+  return refuse()
+end
+
+-- A heartbeat no newer than one already received from the same agent run changes
+-- nothing; a new run starts its own sequence (livestate/sequence.py, same comparison).
+if boot_id ~= '' then
+  local last = redis.call('HMGET', sequence_key, 'boot', 'seq')
+  if last[1] == boot_id and tonumber(seq) <= tonumber(last[2]) then
+    return {'replayed', last[2]}
+  end
+  redis.call('HSET', sequence_key, 'boot', boot_id, 'seq', seq)
+  redis.call('EXPIRE', sequence_key, sequence_expiry)
 end
 
 -- A node coming back to life, or a new inventory, is the database's business.

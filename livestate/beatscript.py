@@ -2,11 +2,13 @@
 
 At 2,000 heartbeats a second, each Redis round trip costs the web workers more
 CPU than the rest of the heartbeat, so `beatscript.lua` does in one call what
-took five: refuse an address that has guessed too many tokens, count the
-token's heartbeats against its limit, read the node's card and check the
-secret against it (in constant time), and, for a live node sending no
-inventory, note the heartbeat's time, store its load and read the node's shard
-version and cached shard list.
+took five: count the token's heartbeats against its limit, read the node's
+card and check the secret against it (in constant time; a wrong one is
+counted against the address, which past its budget hears `locked`), refuse a
+heartbeat older than one already received from the same agent run
+(`replayed`, livestate.sequence) and record a newer one's number, and, for a
+live node sending no inventory, note the heartbeat's time, store its load and
+read the node's shard version and cached shard list.
 
 Whatever it cannot settle it hands back without writing anything: a card that
 is missing or stale (`stale`: the caller reads the database), a node coming
@@ -37,7 +39,7 @@ import redis
 from django.conf import settings
 
 import livestate
-from livestate import cards, keys, limits, loadstore, shardversion
+from livestate import cards, keys, limits, loadstore, sequence, shardversion
 from livestate.cards import NodeCard
 
 SOURCE = (Path(__file__).parent / "beatscript.lua").read_text()
@@ -49,6 +51,7 @@ STALE = "stale"
 UNAUTHORIZED = "unauthorized"
 CARD = "card"
 APPLIED = "applied"
+REPLAYED = "replayed"
 
 
 @dataclass
@@ -59,6 +62,8 @@ class Verdict:
     # Only when applied: the node's shard version and its cached shard list, if any.
     shard_version: tuple[int, int] | None = None
     cached_shards: bytes | None = None
+    # Only when replayed: the number of the newest heartbeat of the run.
+    newest_seq: int = 0
 
 
 class _Connection:
@@ -118,6 +123,7 @@ class BeatKeys(NamedTuple):
     load_lines_key: str
     shard_versions_key: str
     node_shards_key: str
+    sequence_key: str
 
 
 class BeatArgs(NamedTuple):
@@ -134,6 +140,9 @@ class BeatArgs(NamedTuple):
     load_lines: bytes
     load_expiry: int
     salt: str
+    boot_id: str
+    seq: int
+    sequence_expiry: int
 
 
 def run(
@@ -144,8 +153,14 @@ def run(
     now: float,
     apply: bool,
     load: loadstore.RenderedLoad | None = None,
+    boot_id: str = "",
+    seq: int = 0,
 ) -> Verdict:
-    """Admit a heartbeat of `node_id` and, with `apply`, apply it if it is ordinary (raises redis errors)."""
+    """Admit a heartbeat of `node_id` and, with `apply`, apply it if it is ordinary (raises redis errors).
+
+    A heartbeat with a `boot_id` no newer than the node's newest is `replayed`,
+    before anything is written (livestate.sequence).
+    """
     node = keys.of_node(node_id)
     minute = limits.minute(now)
     script_keys = BeatKeys(
@@ -158,6 +173,7 @@ def run(
         load_lines_key=node.load_lines,
         shard_versions_key=keys.SHARD_VERSIONS,
         node_shards_key=node.node_shards,
+        sequence_key=node.sequence,
     )
     args = BeatArgs(
         refused_allowed=settings.LLMGW_AUTH_FAILURES_PER_MINUTE,
@@ -171,11 +187,16 @@ def run(
         load_lines=load.lines if load else b"",
         load_expiry=loadstore.expiry_seconds(),
         salt=secrets.token_hex(8),
+        boot_id=boot_id,
+        seq=seq,
+        sequence_expiry=sequence.KEEP_SECONDS,
     )
     answer = _connection.call(script_keys, args)
     outcome = answer[0].decode()
     if outcome == STALE:
         return Verdict(outcome, generation=int(answer[1]))
+    if outcome == REPLAYED:
+        return Verdict(outcome, newest_seq=int(answer[1]))
     if outcome == CARD:
         return Verdict(outcome, card=cards.decode(answer[1]))
     if outcome == APPLIED:

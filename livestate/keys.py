@@ -24,6 +24,8 @@ HEARTBEATS = "llmgw:liveness:heartbeats"
 SHARD_VERSIONS = "llmgw:shards:versions"
 # A node's shard list cached under the shard versions it was read at (livestate.shardlists); expires.
 NODE_SHARDS_PREFIX = "llmgw:nodeshards:"
+# Hash of a node's latest heartbeat: its agent run's boot id and number in that run (livestate.sequence); expires.
+SEQUENCE_PREFIX = "llmgw:nodeseq:"
 # Fixed-minute counters of the agent API limits, `<prefix><name>:<minute>` (livestate.limits); expire.
 LIMIT_PREFIX = "llmgw:limit:"
 # Hash: the control plane's own counters, shared by every process (livestate.selfmetrics).
@@ -54,6 +56,10 @@ def node_shards(node_id: str) -> str:
     return NODE_SHARDS_PREFIX + node_id
 
 
+def sequence(node_id: str) -> str:
+    return SEQUENCE_PREFIX + node_id
+
+
 class NodeKeys(NamedTuple):
     """A node's own keys, as the beat script needs them."""
 
@@ -62,9 +68,10 @@ class NodeKeys(NamedTuple):
     load: str
     load_lines: str
     node_shards: str
+    sequence: str
 
 
-# Built once per node: a heartbeat would otherwise join the same five strings
+# Built once per node: a heartbeat would otherwise join the same strings
 # every time. Bounded, since the node id comes from a token not yet checked.
 @lru_cache(maxsize=1 << 15)
 def of_node(node_id: str) -> NodeKeys:
@@ -74,6 +81,7 @@ def of_node(node_id: str) -> NodeKeys:
         load=load(node_id),
         load_lines=load_lines(node_id),
         node_shards=node_shards(node_id),
+        sequence=sequence(node_id),
     )
 
 

@@ -8,6 +8,7 @@ credentials).
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -71,3 +72,14 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if raw is None or raw.strip() == "":
         return default
     return [item.strip() for item in raw.split(",") if item.strip()]
+
+
+def env_networks(name: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """A comma-separated list of CIDR networks (`10.0.0.0/8, fd00::/8`); empty by default."""
+    networks = []
+    for item in env_list(name, []):
+        try:
+            networks.append(ipaddress.ip_network(item))
+        except ValueError:
+            raise EnvError(f"{name} must list networks such as 10.0.0.0/8, not {item!r}") from None
+    return tuple(networks)

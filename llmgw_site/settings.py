@@ -13,7 +13,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from llmgw_site.env import EnvError, env_bool, env_float, env_int, env_list, env_str
+from llmgw_site.env import EnvError, env_bool, env_float, env_int, env_list, env_networks, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LLMGW_VAR_DIR", str(BASE_DIR / "var")))
@@ -51,6 +51,9 @@ try:
     # per address before either is locked out for the cool-off.
     LLMGW_LOGIN_FAILURE_LIMIT = env_int("LLMGW_LOGIN_FAILURE_LIMIT", 5, minimum=1)
     LLMGW_LOGIN_COOLOFF_MINUTES = env_float("LLMGW_LOGIN_COOLOFF_MINUTES", 15.0, minimum=0.1)
+    # Networks whose addresses an agent may name as its management address for
+    # Prometheus to scrape (web/targets.py); empty: only the address it beats from.
+    LLMGW_TRUSTED_TARGET_NETWORKS = env_networks("LLMGW_TRUSTED_TARGET_NETWORKS")
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
@@ -92,7 +95,6 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "llmgw_site.security.SecurityHeadersMiddleware",
-    "web.ratelimit.AgentAPILimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -252,7 +252,7 @@ def test_registration_sets_first_heartbeat_on_the_control_plane_clock():
 
 def test_a_report_replaces_exactly_the_agent_fields():
     first = make_inventory("a.example", mgmt_addr="10.0.0.1", labels={"rack": "1"}, engine_versions={"vllm": "1"})
-    upsert_inventory("n1", first, inventory_hash="h1")
+    upsert_inventory("n1", first, inventory_hash="h1", boot_id="run-1", seq=7)
     Node.objects.filter(pk="n1").update(notes="rack 4", operator_labels={"team": "infra"})
     operator_side = {f.name for f in Node._meta.concrete_fields} - {"id", *AGENT_FIELDS}
     before = Node.objects.values(*operator_side).get(pk="n1")
@@ -268,7 +268,7 @@ def test_a_report_replaces_exactly_the_agent_fields():
         weights_scanned=True,
     )
     was = Node.objects.values(*AGENT_FIELDS).get(pk="n1")
-    upsert_inventory("n1", second, inventory_hash="h2")
+    upsert_inventory("n1", second, inventory_hash="h2", boot_id="run-2", seq=1)
     now = Node.objects.values(*AGENT_FIELDS).get(pk="n1")
     assert [field for field in AGENT_FIELDS if now[field] == was[field]] == [], "every agent field is replaced"
     assert Node.objects.values(*operator_side).get(pk="n1") == before, "no other field is touched"

@@ -189,12 +189,16 @@ def test_heartbeats_through_the_view_are_rate_limited_per_token(client, low_limi
     assert protocol.decode(heartbeat(client, token, protocol.Heartbeat()).content, protocol.Rejection).field == "rate"
 
 
-def test_guessing_node_tokens_gets_the_address_refused(client, low_limits):
+def test_guessing_node_tokens_gets_the_address_s_wrong_tokens_refused_but_never_a_right_one(client, low_limits):
     token = register(client, "gpu-1")
     for i in range(5):
         assert heartbeat(client, f"gpu-1.guess{i}", protocol.Heartbeat()).status_code == 401
-    # Even the right token gets nowhere from that address for the rest of the minute…
-    assert heartbeat(client, token, protocol.Heartbeat(load=a_load())).status_code == 429
-    # …while the node itself, elsewhere, carries on.
-    response = post_from(client, "10.1.1.1", "/api/v1/heartbeat", protocol.Heartbeat(load=a_load()), token)
-    assert response.status_code == 200
+    # Further guesses from that address are refused for the rest of the minute…
+    refused = heartbeat(client, "gpu-1.guess5", protocol.Heartbeat())
+    assert refused.status_code == 429
+    assert protocol.decode(refused.content, protocol.Rejection).field == "authorization"
+    # …while the right token from the same address carries on: its agent may share it with the guesser.
+    reply_of(heartbeat(client, token, protocol.Heartbeat(load=a_load())))
+    # And another address has a budget of its own.
+    response = post_from(client, "10.1.1.1", "/api/v1/heartbeat", protocol.Heartbeat(), "gpu-1.guess6")
+    assert response.status_code == 401

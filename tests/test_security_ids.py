@@ -19,7 +19,7 @@ from agent import protocol
 from inventory.models import Node
 from inventory.models.deployments import NAME_VALIDATOR
 from tests.agentapi import JOIN_TOKEN, a_load, post, register
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = pytest.mark.django_db
 

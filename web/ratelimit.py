@@ -1,22 +1,32 @@
-"""Rate limits on the agent API.
+"""Rate limits on the agent API, and the client address they are counted by.
 
 The counters live in Redis (`livestate.limits`), so a limit holds across every
 gunicorn worker and every web machine.
 
 - registration: at most LLMGW_REGISTER_PER_MINUTE per client address, since a
-  join token is shared and a leaked one must not mint tokens at line rate;
-- heartbeat: at most LLMGW_HEARTBEAT_PER_MINUTE per node token (keyed by its
-  digest, never the token itself), several times what a healthy agent sends;
-- refused credentials: after LLMGW_AUTH_FAILURES_PER_MINUTE answers of 401 to
-  one address, that address is refused outright for the rest of the minute,
-  which makes guessing tokens pointless.
+  join token is shared and a leaked one must not mint tokens at line rate.
+  Only registrations with a valid join token count: a stranger cannot spend
+  the budget of the nodes behind the same address;
+- heartbeat: at most LLMGW_HEARTBEAT_PER_MINUTE per node token (keyed by the
+  digest of the whole token, never the token itself), several times what a
+  healthy agent sends. A wrong secret is counted under a key of its own;
+- refused credentials: after LLMGW_AUTH_FAILURES_PER_MINUTE refused tokens
+  from one address, further wrong tokens from it are answered 429 rather than
+  401 for the rest of the minute.
 
-The middleware below applies them to registration before the view reads a
-byte of the body. Heartbeats are checked in the round trip that admits them
+A limit on failures never refuses a valid credential: every token is checked,
+and only a wrong one is counted or refused for its address's failures. Behind a
+proxy or a NAT every agent shares one address, so a lockout of the address
+would let anyone who reaches the control plane refuse the whole fleet.
+Guessing gains nothing from this: node tokens and admin-made join tokens hold
+256 random bits, and `LLMGW_JOIN_TOKEN` must be as hard to guess
+(docs/operations.md).
+
+Heartbeats are checked in the round trip that admits them
 (`livestate/beatscript.py`), on the same counters: at 2,000 heartbeats a
-second, two more round trips each would cost more than the rest of the
-heartbeat. The views refuse bodies over `protocol.MAX_BODY_BYTES` themselves
-(`web/api/rejections.py`).
+second, more round trips each would cost more than the rest of the heartbeat.
+A credential refused elsewhere (not a node token at all, a node whose card is
+not cached, a join token) is counted here, one round trip only for refusals.
 
 A Redis outage lifts the rate limits rather than refusing every agent: the
 heartbeat path reports that outage itself, and a fleet that cannot beat would
@@ -25,24 +35,24 @@ be marked unreachable for the control plane's failure.
 
 from __future__ import annotations
 
-import contextlib
+import ipaddress
 import logging
+import time
 
 import redis
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 
-from agent import protocol
-from livestate import keys
+from livestate import keys, limits
 from livestate.limits import Limiter
 from llmgw_site.logs import OccasionalWarning
+from web.api.rejections import Rejected
 
 log = logging.getLogger(__name__)
 
 # While Redis is down every agent request would log the same warning: said once per 30 s.
 warn_unlimited = OccasionalWarning(log, 30.0)
 
-REGISTER = "/api/v1/register"
 TOO_MANY_REFUSED = "too many refused tokens from this address"
 
 
@@ -61,55 +71,44 @@ def client_address(request: HttpRequest) -> str:
     return request.META.get("REMOTE_ADDR", "")
 
 
-def refusal(status: int, field: str, reason: str, retry_after: int | None = None) -> HttpResponse:
-    response = HttpResponse(
-        protocol.encode(protocol.Rejection(field=field, reason=reason)),
-        status=status,
-        content_type="application/json",
-    )
-    if retry_after is not None:
-        response["Retry-After"] = str(retry_after)
-    return response
+def as_ip(address: str) -> str | None:
+    """The client address if it is an IP address, in its canonical form; else None.
 
-
-class AgentAPILimitMiddleware:
-    """Applies the limits above to POST /api/v1/register only."""
-
-    def __init__(self, get_response, limiter: Limiter | None = None):
-        self.get_response = get_response
-        self.limiter = limiter or Limiter()
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path != REGISTER:
-            return self.get_response(request)
-        refused = self.check_rate(request)
-        if refused is not None:
-            return refused
-        response = self.get_response(request)
-        if response.status_code == 401:
-            self.count_failure(request)
-        return response
-
-    def check_rate(self, request: HttpRequest) -> HttpResponse | None:
-        address = client_address(request)
-        try:
-            failures, remaining = self.limiter.count(keys.refused_tokens(address))
-            if failures >= settings.LLMGW_AUTH_FAILURES_PER_MINUTE:
-                return refusal(429, "authorization", TOO_MANY_REFUSED, remaining)
-            hits, remaining = self.limiter.hit(keys.registrations(address))
-        except redis.RedisError as exc:
-            warn_unlimited("agent API limits not applied while Redis is unavailable: %s", exc)
-            return None
-        limit = settings.LLMGW_REGISTER_PER_MINUTE
-        if hits > limit:
-            return refusal(429, "rate", f"more than {limit} registrations from this address per minute", remaining)
+    A proxy may forward something else ("unknown", a name); nothing but an
+    address the control plane saw is recorded as where a node is.
+    """
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
         return None
 
-    def count_failure(self, request: HttpRequest) -> None:
-        count_failure(client_address(request), self.limiter)
+
+def locked(now: float) -> Rejected:
+    """The answer to a wrong credential from an address that has spent its failure budget this minute."""
+    return Rejected(429, "authorization", TOO_MANY_REFUSED, "rate_limited", limits.seconds_left(now))
 
 
-def count_failure(address: str, limiter: Limiter | None = None) -> None:
-    """Count a refused credential against the address it came from."""
-    with contextlib.suppress(redis.RedisError):
-        (limiter or Limiter()).hit(keys.refused_tokens(address))
+def refused_credential(address: str, reason: str, now: float | None = None, limiter: Limiter | None = None) -> Rejected:
+    """Count a wrong credential against its address: 401 with `reason`, or 429 once the budget is spent."""
+    now = now if now is not None else time.time()
+    try:
+        failures, _ = (limiter or Limiter()).hit(keys.refused_tokens(address), now)
+    except redis.RedisError as exc:
+        warn_unlimited("agent API limits not applied while Redis is unavailable: %s", exc)
+        failures = 0
+    if failures > settings.LLMGW_AUTH_FAILURES_PER_MINUTE:
+        return locked(now)
+    return Rejected(401, "Authorization", reason, "unauthorized")
+
+
+def check_registration(address: str, now: float | None = None, limiter: Limiter | None = None) -> None:
+    """Count a registration with a valid join token against its address; raises a 429 past the limit."""
+    try:
+        hits, remaining = (limiter or Limiter()).hit(keys.registrations(address), now)
+    except redis.RedisError as exc:
+        warn_unlimited("agent API limits not applied while Redis is unavailable: %s", exc)
+        return
+    limit = settings.LLMGW_REGISTER_PER_MINUTE
+    if hits > limit:
+        reason = f"more than {limit} registrations from this address per minute"
+        raise Rejected(429, "rate", reason, "rate_limited", remaining)

@@ -26,6 +26,8 @@ AGENT_FIELDS = (
     "engines_probed",
     "weights_scanned",
     "inventory_hash",
+    "inventory_boot_id",
+    "inventory_seq",
 )
 
 
@@ -74,6 +76,13 @@ class Node(models.Model):
     # Says the weights are an answer: the agent had model directories to look in.
     weights_scanned = models.BooleanField(default=False)
     inventory_hash = models.CharField(max_length=256, blank=True)
+    # The client address the node's latest registration or inventory came from: what the
+    # control plane itself saw, unlike mgmt_addr, which the agent claims (web/targets.py).
+    source_addr = models.GenericIPAddressField("source address", null=True, blank=True)
+    # Which heartbeat the stored inventory came from: the agent run's boot id and its
+    # number in that run ("" and 0: said nothing), so an older one is refused.
+    inventory_boot_id = models.CharField(max_length=128, blank=True)
+    inventory_seq = models.PositiveBigIntegerField(default=0)
 
     admin_state = models.CharField(max_length=16, choices=AdminState.choices, default=AdminState.ACTIVE)
     admin_state_by = models.CharField("changed by", max_length=150, blank=True)

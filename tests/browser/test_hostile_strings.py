@@ -15,7 +15,7 @@ from agent import protocol
 from inventory.models import Allocation, Node
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post
 from tests.browser.conftest import log_in
-from tests.conftest import make_inventory
+from tests.factories import make_inventory
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

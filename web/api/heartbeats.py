@@ -25,8 +25,8 @@ import livestate
 from agent import protocol
 from inventory import desired, liveness
 from inventory.models import Liveness, Node, derive_state
-from inventory.registration import upsert_inventory
-from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics
+from inventory.registration import ReplayedInventory, upsert_inventory
+from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics, sequence
 from livestate.cards import NodeCard
 from llmgw_site.logs import OccasionalWarning
 from web import ratelimit
@@ -53,13 +53,18 @@ class Caller:
     # The card came from Redis, current: no need to store it again.
     cached: bool
     redis_up: bool
+    # The client address the request came from: recorded with a new inventory (web/targets.py).
+    address: str = ""
     # The beat script has already applied the heartbeat and read the node's shards.
     applied: bool = False
     shard_version: tuple[int, int] | None = None
     cached_shards: bytes | None = None
 
 
-def unauthorized(reason: str = "unknown or revoked node token") -> Rejected:
+UNKNOWN_TOKEN = "unknown or revoked node token"
+
+
+def unauthorized(reason: str = UNKNOWN_TOKEN) -> Rejected:
     return Rejected(401, "Authorization", reason, "unauthorized")
 
 
@@ -71,45 +76,72 @@ def authenticate(
 ) -> Caller:
     """The node whose token this is, or a 401 or 429: nothing in the body can name another node.
 
+    A wrong token is counted against `address` (web/ratelimit.py); a right one
+    is accepted whatever else that address has sent.
+
     With the heartbeat given, an ordinary one is applied in the same round trip (`Caller.applied`).
     """
     node_id, secret = split_token(token)
     if len(node_id) > protocol.MAX_ID or not _NODE_ID.fullmatch(node_id):
-        raise unauthorized("not a node token")
+        raise ratelimit.refused_credential(address, "not a node token", received_at)
     apply = beat is not None and beat.inventory is None
     load = loadstore.render(node_id, beat.load, received_at) if apply and beat.load is not None else None
+    boot_id, seq = (beat.boot_id, beat.seq) if beat is not None else ("", 0)
     try:
-        verdict = beatscript.run(node_id, secret, token, address, received_at, apply, load)
+        verdict = beatscript.run(node_id, secret, token, address, received_at, apply, load, boot_id, seq)
     except redis.RedisError as exc:
         _warn_redis_down(REDIS_DOWN, exc)
-        return Caller(_card_from_database(node_id, secret), cached=False, redis_up=False)
+        card = _card_from_database(node_id, secret, address, received_at)
+        return Caller(card, cached=False, redis_up=False, address=address)
     match verdict.outcome:
+        # The script has counted the refused secret against the address itself.
         case beatscript.LOCKED:
-            remaining = limits.seconds_left(received_at)
-            raise Rejected(429, "authorization", ratelimit.TOO_MANY_REFUSED, "rate_limited", remaining)
+            raise ratelimit.locked(received_at)
         case beatscript.RATE:
             limit = settings.LLMGW_HEARTBEAT_PER_MINUTE
             reason = f"more than {limit} heartbeats with this token per minute"
             raise Rejected(429, "rate", reason, "rate_limited", limits.seconds_left(received_at))
         case beatscript.UNAUTHORIZED:
             raise unauthorized()
+        case beatscript.REPLAYED:
+            raise replayed(seq, verdict.newest_seq)
         case beatscript.STALE:
-            card = _card_from_database(node_id, secret, verdict.generation)
-            return Caller(card, cached=False, redis_up=True)
+            card = _card_from_database(node_id, secret, address, received_at, verdict.generation)
+            # The script could not check the token, so it left the sequence alone: now it is proven.
+            newest = _advance_sequence(node_id, boot_id, seq)
+            if newest is not None:
+                raise replayed(seq, newest)
+            return Caller(card, cached=False, redis_up=True, address=address)
     return Caller(
         verdict.card,
         cached=True,
         redis_up=True,
+        address=address,
         applied=verdict.outcome == beatscript.APPLIED,
         shard_version=verdict.shard_version,
         cached_shards=verdict.cached_shards,
     )
 
 
-def _card_from_database(node_id: str, secret: str, generation: int = 0) -> NodeCard:
+def replayed(seq: int, newest: int) -> Rejected:
+    """The refusal of a heartbeat no newer than one already received from the same agent run."""
+    reason = f"heartbeat {seq} of this run is not newer than heartbeat {newest}, already received; nothing changed"
+    return Rejected(409, "$.seq", reason, "replayed")
+
+
+def _advance_sequence(node_id: str, boot_id: str, seq: int) -> int | None:
+    try:
+        return sequence.advance(node_id, boot_id, seq)
+    except redis.RedisError as exc:
+        # Redis failed between two calls: the database still refuses an old inventory.
+        _warn_redis_down(REDIS_DOWN, exc)
+        return None
+
+
+def _card_from_database(node_id: str, secret: str, address: str, received_at: float, generation: int = 0) -> NodeCard:
     card = from_database(node_id, generation)
     if card is None or not digest_matches(secret, card.secret_digest):
-        raise unauthorized()
+        raise ratelimit.refused_credential(address, UNKNOWN_TOKEN, received_at)
     return card
 
 
@@ -130,7 +162,18 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
     at = datetime.fromtimestamp(received_at, UTC)
     store_card = not caller.cached
     if beat.inventory is not None:
-        upsert_inventory(card.node_id, beat.inventory, beat.inventory_hash, now=at)
+        try:
+            upsert_inventory(
+                card.node_id,
+                beat.inventory,
+                beat.inventory_hash,
+                now=at,
+                boot_id=beat.boot_id,
+                seq=beat.seq,
+                source_addr=ratelimit.as_ip(caller.address),
+            )
+        except ReplayedInventory as exc:
+            raise replayed(beat.seq, exc.stored_seq) from None
         card.inventory_hash = beat.inventory_hash
         store_card = True
     written = False

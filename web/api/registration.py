@@ -12,6 +12,7 @@ from agent import protocol
 from inventory.liveness import touch
 from inventory.registration import record_registration, upsert_inventory
 from web.models import JoinToken, NodeToken, digest, digest_matches
+from web.ratelimit import as_ip
 
 
 def join_token_name(token: str) -> str | None:
@@ -27,15 +28,21 @@ def join_token_name(token: str) -> str | None:
     return join_token.name
 
 
-def register_node(message: protocol.Register, joined_with: str, now: datetime | None = None) -> protocol.Registered:
+def register_node(
+    message: protocol.Register, joined_with: str, address: str = "", now: datetime | None = None
+) -> protocol.Registered:
     """Record the node and its inventory, and issue it a new token, in one transaction.
 
     An existing node keeps its admin state and is brought back to alive (a
     registration is a sign of life); its old token stops working at once.
+    `address`, the client address the registration came from, is recorded as
+    the node's source address (web/targets.py).
     """
     now = now or timezone.now()
     with transaction.atomic():
-        node, created = upsert_inventory(message.node_id, message.inventory, message.inventory_hash, now=now)
+        node, created = upsert_inventory(
+            message.node_id, message.inventory, message.inventory_hash, now=now, source_addr=as_ip(address)
+        )
         token = NodeToken.issue(node)
         if not created:
             touch(node, now)

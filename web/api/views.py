@@ -1,7 +1,9 @@
 """The agent API's views: authenticate, validate, hand over. Nothing else happens here.
 
 Whatever is refused, including a request that needed the database while it was
-down (web/api/outage.py), is answered with a `protocol.Rejection`.
+down (web/api/outage.py), is answered with a `protocol.Rejection`. A wrong
+credential is counted against its client address where it is found wrong
+(web/ratelimit.py); a right one is never refused for that address's failures.
 """
 
 from __future__ import annotations
@@ -17,18 +19,21 @@ from web.api.heartbeats import authenticate, count_rejection, receive_heartbeat
 from web.api.outage import database_unavailable, is_outage
 from web.api.registration import join_token_name, register_node
 from web.api.rejections import Rejected, bearer_token, decode, json_response, read_json_body
-from web.ratelimit import client_address, count_failure
+from web.ratelimit import check_registration, client_address, refused_credential
 
 
 @csrf_exempt
 def register(request: HttpRequest) -> HttpResponse:
+    address = client_address(request)
     try:
         body = read_json_body(request)
         joined_with = join_token_name(bearer_token(request))
         if joined_with is None:
-            raise Rejected(401, "Authorization", "unknown or revoked join token", "unauthorized")
+            raise refused_credential(address, "unknown or revoked join token")
+        # Counted only once the join token is known good, so a stranger cannot spend it.
+        check_registration(address)
         message = decode(body, protocol.Register)
-        return json_response(register_node(message, joined_with))
+        return json_response(register_node(message, joined_with, address))
     except Rejected as rejection:
         return rejection.response()
     except DatabaseError as exc:
@@ -54,8 +59,6 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
         caller = authenticate(token, address, received_at, beat)
         reply = receive_heartbeat(caller, beat, received_at, started)
     except Rejected as rejection:
-        if rejection.status == 401:
-            count_failure(address)
         count_rejection(rejection.outcome, started)
         return rejection.response()
     except DatabaseError as exc:
