@@ -201,7 +201,9 @@ def big_host() -> list[dict]:
 
     rows = []
     for mode in ("cgroup", "walk"):
-        work = Path(tempfile.mkdtemp(prefix="agent-big-host-"))
+        # In memory, as the real /proc is: on disk the fixture would measure the disk, not the agent.
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        work = Path(tempfile.mkdtemp(prefix="agent-big-host-", dir=shm))
         try:
             started = time.monotonic()
             host = bigproc.build(work / "proc", BIG_PROCESSES, BIG_CPUS, BIG_ENGINES, after=100)
