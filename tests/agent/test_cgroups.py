@@ -232,3 +232,27 @@ def test_a_real_cgroup_measures_a_real_engine(tmp_path):
     assert psutil_cores > 0.2, "the burner did not run: the comparison would prove nothing"
     assert load.shards[0].cpu_cores == pytest.approx(psutil_cores, rel=0.15)
     assert load.shards[0].rss_bytes == pytest.approx(rss, rel=0.2)
+
+
+def test_the_agent_starts_its_engines_under_the_configured_root(plane, make_agent, root):
+    """Through the real entry point: the config's cgroup_root reaches the runner and the sampler."""
+    agent = make_agent(
+        plane, cgroup_root=str(root), shards=[{"shard": "s1", "engine": "command", "command": ["sleep", "60"]}]
+    )
+    agent.start()
+    procs = root / "engine-s1" / "cgroup.procs"
+    wait_until(lambda: "s1" in agent.runner.process_groups(), 10, "the shard")
+    pid = agent.runner.process_groups()["s1"]
+    wait_until(lambda: procs.exists() and procs.read_text().split() == [str(pid)], 10, "the engine in its cgroup")
+    # The fixture cgroup keeps no counters, so the sampler reads what it can: the engine is walked instead.
+    wait_until(
+        lambda: any(b.load and [s.shard for s in b.load.shards] == ["s1"] for b in list(plane.heartbeats)),
+        10,
+        "the shard's load",
+    )
+    assert agent.sampler.own_pids == {pid}
+
+
+def test_none_runs_engines_without_cgroups(plane, make_agent):
+    agent = make_agent(plane, cgroup_root="none")
+    assert agent.runner.cgroups is None
