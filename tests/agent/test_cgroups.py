@@ -1,6 +1,7 @@
 """Engines measured through cgroups of their own: fixture trees laid out like cgroupfs, and a real one."""
 
 import os
+import subprocess
 import sys
 import time
 import uuid
@@ -258,3 +259,35 @@ def test_the_agent_starts_its_engines_under_the_configured_root(plane, make_agen
 def test_none_runs_engines_without_cgroups(plane, make_agent):
     agent = make_agent(plane, cgroup_root="none")
     assert agent.runner.cgroups is None
+
+
+# A stand-in agent that starts in the delegated cgroup itself, as a systemd service does, then prepares it.
+IN_ROOT_THEN_PREPARE = """
+import os, sys
+from pathlib import Path
+from agent.cgroups import Cgroups
+root = Path(sys.argv[1])
+(root / "cgroup.procs").write_text(str(os.getpid()))
+Cgroups(root).prepare()
+print(Path("/proc/self/cgroup").read_text())
+"""
+
+
+@pytest.mark.skipif(writable_cgroup2() is None, reason="no writable cgroup v2 mount here to create a real cgroup in")
+def test_a_real_agent_in_its_root_cgroup_moves_itself_into_a_leaf():
+    root = writable_cgroup2() / f"llmgw-test-{uuid.uuid4().hex[:8]}"
+    root.mkdir()
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", IN_ROOT_THEN_PREPARE, str(root)],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=Path(__file__).resolve().parents[2],
+        )
+    finally:
+        for leftover in (root / cgroups.AGENT_LEAF, root):
+            if leftover.exists():
+                leftover.rmdir()
+    assert done.returncode == 0, done.stderr
+    assert f"/{root.name}/{cgroups.AGENT_LEAF}\n" in done.stdout
