@@ -63,6 +63,8 @@ class Config(_Strict):
     ) = None
     shards: Annotated[list[ShardConfig], msgspec.Meta(max_length=protocol.MAX_SHARDS)] = []
     env: dict[str, str] = {}
+    # Where engines get cgroups of their own: "" finds the agent's delegated cgroup, "none" uses none.
+    cgroup_root: str = ""
 
     @property
     def engine_commands(self) -> dict[str, list[str]]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import procfs, protocol
+from agent import cgroups, descendants, procfs, protocol
 
 log = logging.getLogger("agent.load")
 
@@ -27,32 +27,56 @@ class _Previous:
     # Ticks per process keyed by (pid, start time): a pid the kernel reused for a
     # new process has another start time, so it is never subtracted from the old one.
     ticks: dict[tuple[int, int], int] = field(default_factory=dict)
+    # Per shard in a cgroup: (placement serial, usage_usec), so a new placement is never subtracted from an old one.
+    usage: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Measured:
+    """One shard's reading: through its cgroup, or the processes the walker found."""
+
+    placement: cgroups.Placement | None = None
+    reading: cgroups.Reading | None = None
+    members: tuple[descendants.Member, ...] = ()
 
 
 class Sampler:
-    """Turns two consecutive readings of /proc into a `protocol.Load`."""
+    """Turns two consecutive readings of /proc (and the engines' cgroups) into a `protocol.Load`."""
 
     def __init__(self, proc_root: Path = Path("/proc"), clock_ticks: int = CLOCK_TICKS, page_size: int = PAGE_SIZE):
         self.proc = Path(proc_root)
         self.clock_ticks = clock_ticks
         self.page_size = page_size
         self.previous = _Previous()
-        # The pids last seen in our shards' groups, so discovery can tell our GPU users from foreign ones.
+        self.walker = descendants.Descendants(self.proc)
+        # The pids last seen in our shards, so discovery can tell our GPU users from foreign ones.
         self.own_pids: frozenset[int] = frozenset()
-        self.outsiders: dict[int, int] = {}
 
-    def sample(self, groups: Mapping[str, int]) -> protocol.Load | None:
+    def sample(
+        self, groups: Mapping[str, int], placements: Mapping[str, cgroups.Placement] | None = None
+    ) -> protocol.Load | None:
         """Read now; return the load since the previous call (None on the first one or if /proc is unreadable).
 
-        `groups` maps each running shard to its process group id.
+        `groups` maps each running shard to its leader's pid (its process group id);
+        `placements` names the shards' cgroups, where they have one.
         """
         uptime = procfs.read_uptime(self.proc)
         cpu = procfs.read_cpu(self.proc)
-        processes, skipped = procfs.scan_groups(self.proc, set(groups.values()), self.outsiders)
-        if skipped:
-            log.debug("skipped %d processes that exited or could not be read while /proc was scanned", skipped)
-        previous, self.previous = self.previous, _Previous(cpu, uptime, {(p.pid, p.start): p.ticks for p in processes})
-        self.own_pids = frozenset(p.pid for p in processes)
+        measured = self._measure(groups, placements or {}, cpu.forks if cpu else None)
+        previous, self.previous = (
+            self.previous,
+            _Previous(
+                cpu,
+                uptime,
+                {(m.stat.pid, m.stat.start): m.stat.ticks for shard in measured.values() for m in shard.members},
+                {s: (m.placement.serial, m.reading.usage_usec) for s, m in measured.items() if m.reading is not None},
+            ),
+        )
+        self.own_pids = frozenset(
+            pid
+            for m in measured.values()
+            for pid in (m.reading.pids if m.reading is not None else (x.stat.pid for x in m.members))
+        )
         if cpu is None or uptime is None or previous.cpu is None or previous.uptime is None:
             return None
         wall = uptime - previous.uptime
@@ -76,34 +100,66 @@ class Sampler:
             memory_used_bytes=max(total - available, 0),
             memory_available_bytes=min(max(available, 0), protocol.MAX_COUNT),
             interval_seconds=round(wall, 3),
-            shards=self._shard_loads(groups, processes, previous, wall),
+            shards=[self._shard_load(shard, measured[shard], previous, wall) for shard in sorted(groups)],
         )
 
-    def _shard_loads(self, groups, processes, previous: _Previous, wall: float) -> list[protocol.ShardLoad]:
+    def _measure(
+        self, groups: Mapping[str, int], placements: Mapping[str, cgroups.Placement], forks: int | None
+    ) -> dict[str, _Measured]:
+        measured: dict[str, _Measured] = {}
+        for shard, leader in groups.items():
+            placement = placements.get(shard)
+            reading = cgroups.read(placement) if placement is not None else None
+            # An engine not (yet) in its cgroup, or a cgroup gone, is measured by its processes instead.
+            if reading is not None and leader in reading.pids:
+                measured[shard] = _Measured(placement, reading)
+        walked = {leader: shard for shard, leader in groups.items() if shard not in measured}
+        by_leader: dict[int, list[descendants.Member]] = {leader: [] for leader in walked}
+        for member in self.walker.scan(set(walked), forks):
+            by_leader[member.leader].append(member)
+        for leader, shard in walked.items():
+            measured[shard] = _Measured(members=tuple(by_leader[leader]))
+        return measured
+
+    def _shard_load(self, shard: str, measured: _Measured, previous: _Previous, wall: float) -> protocol.ShardLoad:
+        if measured.reading is not None:
+            return protocol.ShardLoad(
+                shard=shard,
+                cpu_cores=round(self._cgroup_usec(shard, measured, previous) / 1e6 / wall, 4),
+                rss_bytes=self._cgroup_memory(measured.reading),
+            )
         # A process born since the previous reading spent all its time inside this
         # interval; one seen before contributes its growth; one that was already
-        # alive but not seen (it joined the group late) only sets a baseline.
+        # alive but not seen (it was not yet the engine's) only sets a baseline.
         born_after = previous.uptime * self.clock_ticks
-        ticks_by_group: dict[int, int] = {}
-        rss_by_group: dict[int, int] = {}
-        for p in processes:
+        ticks = 0
+        for member in measured.members:
+            p = member.stat
             before = previous.ticks.get((p.pid, p.start))
             if before is not None:
-                spent = max(p.ticks - before, 0)
+                ticks += max(p.ticks - before, 0)
             elif p.start >= born_after:
-                spent = p.ticks
-            else:
-                spent = 0
-            ticks_by_group[p.pgrp] = ticks_by_group.get(p.pgrp, 0) + spent
-            rss_by_group[p.pgrp] = rss_by_group.get(p.pgrp, 0) + p.rss_pages
-        return [
-            protocol.ShardLoad(
-                shard=shard,
-                cpu_cores=round(ticks_by_group.get(pgid, 0) / self.clock_ticks / wall, 4),
-                rss_bytes=rss_by_group.get(pgid, 0) * self.page_size,
-            )
-            for shard, pgid in sorted(groups.items())
-        ]
+                ticks += p.ticks
+        return protocol.ShardLoad(
+            shard=shard,
+            cpu_cores=round(ticks / self.clock_ticks / wall, 4),
+            rss_bytes=sum(m.stat.rss_pages for m in measured.members) * self.page_size,
+        )
+
+    def _cgroup_usec(self, shard: str, measured: _Measured, previous: _Previous) -> int:
+        serial, before = previous.usage.get(shard, (None, None))
+        if serial == measured.placement.serial:
+            return max(measured.reading.usage_usec - before, 0)
+        # Placed since the previous reading (or first found in it now): its time since placement is new.
+        return max(measured.reading.usage_usec - measured.placement.baseline_usec, 0)
+
+    def _cgroup_memory(self, reading: cgroups.Reading) -> int:
+        if reading.memory_bytes is not None:
+            return min(reading.memory_bytes, protocol.MAX_COUNT)
+        # Without the memory controller the kernel keeps no total; the members' RSS is the same figure
+        # as a walked engine's.
+        stats = (procfs.read_pid_stat(self.proc, pid) for pid in reading.pids)
+        return sum(stat.rss_pages for stat in stats if stat is not None) * self.page_size
 
 
 def cpu_percent(before: procfs.CpuTicks, after: procfs.CpuTicks) -> float:

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import requests
 
+from agent import cgroups, leftovers, protocol
 from agent import config as agent_config
-from agent import leftovers, protocol
 from agent.client import ControlPlane, Rejected, TokenStore, Unauthorized, Unavailable
 from agent.discovery import Discoverer, inventory_hash
 from agent.load import Sampler
@@ -62,8 +62,13 @@ class Agent:
         self.state_dir = Path(config.state_dir)
         self.sampler = Sampler(roots.proc)
         self.discoverer = Discoverer(config, roots)
+        self.cgroups = None if config.cgroup_root == "none" else cgroups.Cgroups.find(roots, config.cgroup_root)
         self.runner = Runner(
-            self.state_dir / "logs", env=config.env, grace=tuning.grace, record_file=self.state_dir / "groups.json"
+            self.state_dir / "logs",
+            env=config.env,
+            grace=tuning.grace,
+            record_file=self.state_dir / "groups.json",
+            cgroups=self.cgroups,
         )
         self.client = ControlPlane(config.control_plane, tuning.connect_timeout, tuning.read_timeout, session)
         self.tokens = TokenStore(self.state_dir)
@@ -103,8 +108,10 @@ class Agent:
         self._set_inventory(self.discoverer.discover(strict=True))
         if run_shards:
             leftovers.reap(self.runner.record_file, self.tuning.grace)
+            if self.cgroups is not None:
+                self.cgroups.prepare()
             self.runner.reconcile(self.configured_shards)
-        self.sampler.sample(self.runner.process_groups())
+        self.sampler.sample(self.runner.process_groups(), self.runner.placements())
 
     def run(self) -> int:
         """Start up if not yet done, run until stop(); then stop every engine group and return 0."""
@@ -134,7 +141,7 @@ class Agent:
 
     def sample_now(self) -> protocol.Load | None:
         self.runner.poll()
-        load = self.sampler.sample(self.runner.process_groups())
+        load = self.sampler.sample(self.runner.process_groups(), self.runner.placements())
         with self.changed:
             # A failed reading replaces the last good one: sending that again would present old load as new.
             self.latest = load

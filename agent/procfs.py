@@ -34,6 +34,8 @@ class CpuTicks:
     busy: int
     total: int
     cpus: int
+    # Processes and threads created since boot (the `processes` line): how many pids were handed out.
+    forks: int | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class ProcStat:
     """The fields of /proc/<pid>/stat the agent uses."""
 
     pid: int
+    ppid: int
     pgrp: int
     session: int
     ticks: int  # utime + stime
@@ -52,7 +55,11 @@ def read_cpu(proc: Path) -> CpuTicks | None:
     """busy = user+nice+system+irq+softirq; total = busy+idle+iowait+steal (guest is inside user)."""
     aggregate = None
     cpus = 0
+    forks = None
     for line in _lines(proc / "stat"):
+        if line.startswith("processes "):
+            forks = _int(line.split()[1:2])
+            continue
         if not line.startswith("cpu"):
             continue
         if line.startswith("cpu "):
@@ -68,7 +75,7 @@ def read_cpu(proc: Path) -> CpuTicks | None:
     if aggregate is None:
         log.warning("no aggregate cpu line in %s", proc / "stat")
         return None
-    return CpuTicks(busy=aggregate[0], total=aggregate[1], cpus=cpus)
+    return CpuTicks(busy=aggregate[0], total=aggregate[1], cpus=cpus, forks=forks)
 
 
 def read_meminfo(proc: Path) -> dict[str, int]:
@@ -105,58 +112,59 @@ def read_uptime(proc: Path) -> float | None:
         return None
 
 
-def scan_groups(proc: Path, pgids: set[int], outsiders: dict[int, int] | None = None) -> tuple[list[ProcStat], int]:
-    """Every process whose process group is one of `pgids`, and how many entries were skipped.
+def read_tasks(proc: Path) -> tuple[int, int] | None:
+    """From /proc/loadavg: how many tasks exist and the pid the kernel handed out last.
 
-    Reading /proc/<pid>/stat costs a few microseconds of kernel time per process, so
-    processes already seen outside our shards' sessions are remembered in
-    `outsiders` (pid → inode of /proc/<pid>) and not read again: a process can only
-    join a process group of its own session, and each shard leads its own session,
-    so an outsider stays one for life. The inode, free from the directory listing,
-    changes when the pid is reused, and then the newcomer is read.
-
-    A process that exits between the listing and the read is normal and skipped
-    quietly; a stat line that cannot be parsed is skipped with a warning.
+    Pids are handed out in increasing order, wrapping at pid_max, so the last one
+    tells which pids are new since an earlier reading without listing /proc.
     """
-    found: list[ProcStat] = []
-    skipped = 0
-    if not pgids:
-        return found, skipped
-    base = os.fspath(proc)
-    known = outsiders if outsiders is not None else {}
-    present: dict[int, int] = {}
-    with os.scandir(base) as entries:
-        listing = [(entry.name, entry.inode()) for entry in entries if entry.name.isdigit()]
-    for name, inode in listing:
-        pid = int(name)
-        if known.get(pid) == inode:
-            present[pid] = inode
-            continue
+    fields = _text(proc / "loadavg").split()
+    try:
+        total = int(fields[3].partition("/")[2])
+        last = int(fields[4])
+    except (ValueError, IndexError):
+        return None
+    return (total, last) if last > 0 else None
+
+
+def read_pid_max(proc: Path) -> int:
+    # 4,194,304 is the kernel's ceiling; assuming it can only make a wrap look less likely.
+    return _int(_text(proc / "sys" / "kernel" / "pid_max").split()[:1]) or 4_194_304
+
+
+def read_pid_stat(proc: Path, pid: int) -> ProcStat | None:
+    """One process's stat, or None if it is gone (normal) or unreadable or malformed (warned)."""
+    data = read_bytes(f"{os.fspath(proc)}/{pid}/stat")
+    if data is None:
+        return None
+    stat = parse_pid_stat(data)
+    if stat is None:
+        log.warning("skipping malformed %s/%d/stat: %r", proc, pid, data[:120])
+    return stat
+
+
+def read_tgid(proc: Path, pid: int) -> int | None:
+    """The thread group of `pid`: /proc/<tid> of a thread opens too (it is only left out of the listing)."""
+    data = read_bytes(f"{os.fspath(proc)}/{pid}/status", 8192)
+    for line in (data or b"").splitlines():
+        if line.startswith(b"Tgid:"):
+            return _int(line.split()[1:2])
+    return None
+
+
+def read_bytes(path: str, size: int = 4096) -> bytes | None:
+    """The start of a small /proc or cgroup file; None if it vanished, warned if it is unreadable otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
         try:
-            fd = os.open(f"{base}/{name}/stat", os.O_RDONLY)
-            try:
-                data = os.read(fd, 4096)
-            finally:
-                os.close(fd)
-        except (FileNotFoundError, ProcessLookupError):
-            skipped += 1
-            continue
-        except OSError as exc:
-            log.warning("cannot read %s/%s/stat: %s", base, name, exc)
-            skipped += 1
-            continue
-        stat = parse_pid_stat(data)
-        if stat is None:
-            log.warning("skipping malformed %s/%s/stat: %r", base, name, data[:120])
-            skipped += 1
-        elif stat.pgrp in pgids:
-            found.append(stat)
-        elif stat.session not in pgids:
-            present[pid] = inode
-    if outsiders is not None:
-        outsiders.clear()
-        outsiders.update(present)
-    return found, skipped
+            return os.read(fd, size)
+        finally:
+            os.close(fd)
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError as exc:
+        log.warning("cannot read %s: %s", path, exc.strerror)
+        return None
 
 
 def parse_pid_stat(data: bytes) -> ProcStat | None:
@@ -170,6 +178,7 @@ def parse_pid_stat(data: bytes) -> ProcStat | None:
         pid = int(head.split(b"(", 1)[0])
         return ProcStat(
             pid=pid,
+            ppid=int(fields[1]),
             pgrp=int(fields[2]),
             session=int(fields[3]),
             ticks=int(fields[11]) + int(fields[12]),
@@ -190,3 +199,10 @@ def _text(path: Path) -> str:
 
 def _lines(path: Path) -> list[str]:
     return _text(path).splitlines()
+
+
+def _int(fields: list[str] | list[bytes]) -> int | None:
+    try:
+        return int(fields[0])
+    except (ValueError, IndexError):
+        return None

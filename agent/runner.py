@@ -10,8 +10,10 @@ notice exits, escalate stops to SIGKILL and start what is due.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -21,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import leftovers, protocol
+from agent import cgroups, leftovers, protocol
 
 log = logging.getLogger("agent.runner")
 
@@ -44,6 +46,7 @@ class Shard:
     kill_at: float | None = None
     then: protocol.ShardSpec | None = None
     remove: bool = False
+    placement: cgroups.Placement | None = None  # the engine's own cgroup, where the host allows one
 
 
 class Runner:
@@ -57,8 +60,11 @@ class Runner:
         stable_after: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
         record_file: Path | None = None,
+        cgroups: cgroups.Cgroups | None = None,
     ):
         self.log_dir = Path(log_dir)
+        # Where each engine gets a cgroup of its own; None runs engines where the agent runs.
+        self.cgroups = cgroups
         # Where live groups are recorded for the next agent (agent/leftovers.py); None records nothing.
         self.record_file = record_file
         self._recorded: dict[str, tuple[int, int]] = {}
@@ -149,6 +155,15 @@ class Runner:
                 if shard.process is not None and shard.state in ("starting", "restarting", "running")
             }
 
+    def placements(self) -> dict[str, cgroups.Placement]:
+        """The cgroup of each running shard that has one."""
+        with self.lock:
+            return {
+                shard_id: shard.placement
+                for shard_id, shard in self.shards.items()
+                if shard.placement is not None and shard.state in ("starting", "restarting", "running")
+            }
+
     def stop_all(self, grace: float | None = None) -> None:
         """SIGTERM every group, SIGKILL what is left after the grace period, wait for them all; start nothing after."""
         grace = self.grace if grace is None else grace
@@ -167,6 +182,7 @@ class Runner:
                 process.wait()
             for shard in self.shards.values():
                 shard.state, shard.kill_at = "stopped", None
+                self._release(shard)
             self._record()
 
     # -- transitions ---------------------------------------------------------------------------
@@ -176,10 +192,11 @@ class Runner:
         shard.kill_at, shard.detail = None, ""
         env = {**self.env, **spec.env}
         try:
+            command = self._command(shard, env)
             logfile = self._logfile(spec.shard)
             with logfile:
                 shard.process = subprocess.Popen(
-                    spec.command,
+                    command,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=logfile,
@@ -198,6 +215,25 @@ class Runner:
         shard.started_at = self.clock()
         shard.leader_start = leftovers.start_time(shard.process.pid)
         log.info("shard %s: started pid %d: %s", spec.shard, shard.process.pid, " ".join(spec.command))
+
+    def _command(self, shard: Shard, env: dict[str, str]) -> list[str]:
+        command = list(shard.spec.command)
+        if self.cgroups is None:
+            return command
+        # Behind the shell that enters the cgroup, a missing binary would only show as exit code 127;
+        # looked up here it fails the start with its own message, as it does without cgroups.
+        if not command or shutil.which(command[0], path=env.get("PATH", os.defpath)) is None:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[:1])
+        # Placed at every start: the cgroup's time so far belongs to the engine that ran there before.
+        shard.placement = self.cgroups.place(shard.spec.shard)
+        if shard.placement is None:
+            return command
+        return cgroups.entering(shard.placement, command)
+
+    def _release(self, shard: Shard) -> None:
+        if shard.placement is not None and self.cgroups is not None:
+            self.cgroups.release(shard.placement)
+            shard.placement = None
 
     def _exited(self, shard: Shard, now: float) -> None:
         code = shard.process.returncode
@@ -226,6 +262,7 @@ class Runner:
             leftovers.signal_group(shard.process.pid, signal.SIGKILL)
         shard.kill_at = None
         if shard.remove:
+            self._release(shard)
             del self.shards[shard_id]
             log.info("shard %s: stopped and removed", shard_id)
         elif shard.then is not None:

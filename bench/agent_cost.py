@@ -179,5 +179,117 @@ def _pgid(pid: int) -> int:
         return -1
 
 
+# -- a big host: 4,096 CPUs, 100,000 processes, two engines (a fixture /proc) ------------------
+
+BIG_PROCESSES = 100_000
+BIG_CPUS = 4096
+BIG_ENGINES = [(32, 8), (32, 8)]  # each: workers, and processes those forked
+BIG_STEADY = 10
+BIG_NEW_PER_INTERVAL = 50  # unrelated processes started between two samples
+
+
+def big_host() -> list[dict]:
+    """First-sample and steady-sample CPU and RSS of the agent's sampler on a 100,000-process fixture.
+
+    The sampler runs in a child process that imports what the agent imports, so its RSS
+    is the agent's; this process builds the fixture and moves its counters between
+    samples. Measured twice: engines in cgroups of their own, and walked (no cgroups).
+    """
+    import time
+
+    from tests.agent import bigproc
+
+    rows = []
+    for mode in ("cgroup", "walk"):
+        # In memory, as the real /proc is: on disk the fixture would measure the disk, not the agent.
+        shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        work = Path(tempfile.mkdtemp(prefix="agent-big-host-", dir=shm))
+        try:
+            started = time.monotonic()
+            host = bigproc.build(work / "proc", BIG_PROCESSES, BIG_CPUS, BIG_ENGINES, after=100)
+            root = bigproc.cgroup_root(work / "cgroup")
+            fakes = [
+                bigproc.FakeCgroup(root / f"engine-e{i}", 10**6, 2**30, engine.pids).write()
+                for i, engine in enumerate(host.engines)
+            ]
+            print(f"{mode}: fixture of {host.total} pids built in {time.monotonic() - started:.0f} s", flush=True)
+            leaders = ",".join(str(engine.leader) for engine in host.engines)
+            child = subprocess.Popen(
+                [sys.executable, __file__, "--sample-fixture", str(host.root), str(root), mode, leaders],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                cwd=ROOT,
+            )
+            readings = [_ask(child)]  # the imports, before any sample
+            readings.append(_ask(child))  # the first sample
+            for _ in range(BIG_STEADY):
+                host.advance(5.0, ticks_per_process=20, new_host_processes=BIG_NEW_PER_INTERVAL)
+                for fake in fakes:
+                    fake.usage_usec += 5_000_000
+                    fake.write()
+                readings.append(_ask(child))
+            child.stdin.close()
+            child.wait(30)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        steady = [r["cpu_ms"] for r in readings[2:]]
+        steady_ms = statistics.median(steady)
+        print(f"{mode}: steady sample CPU ms, sorted: {sorted(round(c, 2) for c in steady)}")
+        rows += [
+            {"name": f"big_host_{mode}_first_sample_cpu_ms", "value": round(readings[1]["cpu_ms"], 1), "unit": "ms"},
+            {
+                "name": f"big_host_{mode}_steady_sample_cpu_ms",
+                "value": round(steady_ms, 2),
+                "unit": "ms",
+            },
+            {"name": f"big_host_{mode}_rss_before_mb", "value": round(readings[0]["rss_mb"], 1), "unit": "MiB"},
+            {"name": f"big_host_{mode}_rss_mb", "value": round(readings[-1]["rss_mb"], 1), "unit": "MiB", "target": 40},
+            {"name": f"big_host_{mode}_peak_rss_mb", "value": round(readings[-1]["peak_mb"], 1), "unit": "MiB"},
+        ]
+    for row in rows:
+        row.setdefault("target", None)
+        row["better"] = "lower"
+    return rows
+
+
+def _ask(child: subprocess.Popen) -> dict:
+    child.stdin.write("sample\n")
+    child.stdin.flush()
+    return json.loads(child.stdout.readline())
+
+
+def sample_fixture(proc: str, cgroup_root: str, mode: str, leaders: str) -> None:
+    """The child: answer each line on stdin with one sample's CPU time and the RSS after it."""
+    import time
+
+    import agent.loop  # noqa: F401  (everything the running agent imports, so the RSS is comparable)
+    from agent import cgroups
+    from agent.load import Sampler
+
+    groups = {f"e{i}": int(pid) for i, pid in enumerate(leaders.split(","))}
+    placements = {}
+    if mode == "cgroup":
+        placements = {shard: cgroups.Cgroups(Path(cgroup_root)).place(shard) for shard in groups}
+    sampler = Sampler(Path(proc))
+    first = True
+    for _ in sys.stdin:
+        cpu = time.process_time()
+        if not first:
+            sampler.sample(groups, placements)
+        spent = time.process_time() - cpu
+        # The first answer is the baseline (imports only); every later one is a sample.
+        status = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+        rss, peak = (int(status[key].split()[0]) / 1024 for key in ("VmRSS", "VmHWM"))
+        print(json.dumps({"cpu_ms": spent * 1000, "rss_mb": rss, "peak_mb": peak}), flush=True)
+        first = False
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--sample-fixture"]:
+        sample_fixture(*sys.argv[2:6])
+    elif sys.argv[1:2] == ["--big-host"]:
+        write_results("agent_cost_big_host", big_host())
+    else:
+        main()
+        write_results("agent_cost_big_host", big_host())

@@ -64,6 +64,7 @@ KEY_CASES = {
         ),
     ),
     "env": (BASE + "env:\n  HF_HOME: /models/cache\n", lambda c, tmp: c.env == {"HF_HOME": "/models/cache"}),
+    "cgroup_root": (BASE + "cgroup_root: {tmp}/cg\n", lambda c, tmp: c.cgroup_root == f"{tmp}/cg"),
 }
 
 

@@ -3,8 +3,9 @@
 Between the two trees: user 1800, nice 200, system 600, irq 200, softirq 200 (busy 3000),
 idle 700, iowait 200, steal 100 (total 4000) and guest 500 ticks, which user already holds;
 uptime advances 10 s. Group 1000: pid 1000 +400 ticks, pid 1001 +300, pid 1002 exited,
-pid 1003 reused by a new process with 150 ticks, pid 1004 born with 50, pid 1005 (alive
-before in group 3000 of session 1000) joined; group 2000: pid 2000 +500.
+pid 1003 reused by a new process with 150 ticks, pid 1004 born with 50, pid 1005 (in
+the engine's session 1000 but a process group of its own) +200; group 2000: pid 2000 +500.
+pid_max is 4096 and the last pid handed out moves from 2000 to 1004, wrapping once.
 """
 
 import logging
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from agent import procfs
+from agent.descendants import Descendants
 from agent.load import Sampler
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -56,8 +58,9 @@ def test_memory_and_load_averages(proc):
 def test_shard_cores_and_rss_from_process_group_deltas(proc):
     _, load = two_samples(proc, {"a": 1000, "b": 2000})
     by_shard = {s.shard: s for s in load.shards}
-    # 400 + 300 + 150 (new process on a reused pid) + 50 (born) + 0 (joined late) ticks over 10 s.
-    assert by_shard["a"].cpu_cores == pytest.approx(900 / 100 / 10)
+    # 400 + 300 + 150 (new process on a reused pid) + 50 (born) + 200 (left the group, not the engine)
+    # ticks over 10 s.
+    assert by_shard["a"].cpu_cores == pytest.approx(1100 / 100 / 10)
     assert by_shard["a"].rss_bytes == (25600 + 12800 + 2000 + 3000 + 1000) * PAGE
     assert by_shard["b"].cpu_cores == pytest.approx(500 / 100 / 10)
     assert by_shard["b"].rss_bytes == 1000 * PAGE
@@ -99,7 +102,7 @@ def test_a_garbled_proc_stat_gives_no_load_rather_than_a_wrong_one(proc, caplog)
     assert "malformed" in caplog.text
 
 
-def test_a_process_that_vanishes_between_listing_and_reading_is_skipped(proc, monkeypatch):
+def test_a_process_that_vanishes_between_sightings_is_skipped(proc, monkeypatch):
     real_open = procfs.os.open
 
     def open_or_vanish(path, flags):
@@ -108,9 +111,8 @@ def test_a_process_that_vanishes_between_listing_and_reading_is_skipped(proc, mo
         return real_open(path, flags)
 
     monkeypatch.setattr(procfs.os, "open", open_or_vanish)
-    found, skipped = procfs.scan_groups(proc, {1000})
-    assert sorted(p.pid for p in found) == [1000, 1002, 1003]
-    assert skipped == 1
+    found = Descendants(proc).scan({1000})
+    assert sorted(m.stat.pid for m in found) == [1000, 1002, 1003, 1005]
 
 
 def test_counters_that_go_backwards_do_not_give_negative_load(proc):
@@ -128,42 +130,11 @@ def test_counters_that_go_backwards_do_not_give_negative_load(proc):
 
 def test_parse_pid_stat_counts_fields_from_the_last_parenthesis():
     stat = procfs.parse_pid_stat((FIXTURES / "proc" / "1001" / "stat").read_bytes())
-    assert (stat.pid, stat.pgrp, stat.ticks, stat.start, stat.rss_pages) == (1001, 1000, 100, 50010, 12800)
-
-
-def count_reads(monkeypatch) -> list[str]:
-    reads = []
-    real_open = procfs.os.open
-
-    def counting_open(path, flags):
-        reads.append(path)
-        return real_open(path, flags)
-
-    monkeypatch.setattr(procfs.os, "open", counting_open)
-    return reads
-
-
-def test_processes_outside_our_sessions_are_read_once(proc, monkeypatch):
-    outsiders: dict[int, int] = {}
-    procfs.scan_groups(proc, {1000, 2000}, outsiders)
-    assert set(outsiders) == {1}, "pid 1 is in a session of its own; 1005 is in ours and may still join"
-    reads = count_reads(monkeypatch)
-    # Changed in place (same process, same inode): not read again, so not seen to change.
-    (proc / "1" / "stat").write_text((proc / "1" / "stat").read_text().replace(" 1 1 0 -1", " 1000 1000 0 -1", 1))
-    found, _ = procfs.scan_groups(proc, {1000, 2000}, outsiders)
-    assert not any(path.endswith("/1/stat") for path in reads)
-    assert 1 not in {p.pid for p in found}
-
-
-def test_a_reused_outsider_pid_is_read_again(proc, monkeypatch):
-    outsiders: dict[int, int] = {}
-    procfs.scan_groups(proc, {1000}, outsiders)
-    # A new process on pid 1, in our group: a new /proc/1 directory, so a new inode.
-    newcomer = proc / "1.new"
-    newcomer.mkdir()
-    (newcomer / "stat").write_text("1 (child) S 1000 1000 1000 0 -1 0 0 0 0 0 7 3 0 0 20 0 1 0 99999 1 10 0\n")
-    shutil.rmtree(proc / "1")
-    newcomer.rename(proc / "1")
-    found, _ = procfs.scan_groups(proc, {1000}, outsiders)
-    assert 1 in {p.pid for p in found}
-    assert 1 not in outsiders
+    assert (stat.pid, stat.ppid, stat.pgrp, stat.ticks, stat.start, stat.rss_pages) == (
+        1001,
+        1,
+        1000,
+        100,
+        50010,
+        12800,
+    )

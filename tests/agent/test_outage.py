@@ -21,8 +21,8 @@ def tag_samples(agent: Agent) -> list[int]:
     real = agent.sampler.sample
     lock = threading.Lock()
 
-    def numbered(groups):
-        load = real(groups)
+    def numbered(groups, placements=None):
+        load = real(groups, placements)
         if load is None:
             return None
         with lock:
