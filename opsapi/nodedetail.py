@@ -1,0 +1,159 @@
+"""One node, whole: inventory, current load, engines, GPUs, allocations, drain progress, last events."""
+
+from __future__ import annotations
+
+from django.db.models import Count
+
+from inventory.models import RUN_STATES, AdminState, Allocation, Node, NodeEvent, ReplicaState, Shard
+from opsapi.nodelist import load_fields
+from opsapi.upstream import fetch_readings, heartbeat_age
+
+EVENTS_SHOWN = 20
+# What still holds a node that is draining, as the reconciler decides it is done.
+HOLDING = (*RUN_STATES, ReplicaState.RELEASING)
+
+
+def find(node_id: str) -> Node | None:
+    if "\x00" in node_id:
+        return None
+    return (
+        Node.objects.prefetch_related("gpus", "filesystems", "fabrics", "engine_installs", "allocations__gpu_claims")
+        .filter(pk=node_id)
+        .first()
+    )
+
+
+def event_fields(event: NodeEvent) -> dict:
+    return {
+        "id": event.pk,
+        "node": event.node_id,
+        "at": event.at,
+        "kind": event.kind,
+        "from_state": event.from_state,
+        "to_state": event.to_state,
+        "reason": event.reason,
+        "actor": event.actor,
+    }
+
+
+def drain_progress(node_ids: list[str]) -> dict[str, dict]:
+    """For each node: how many replicas and shards still hold something on it, and whether it is drained.
+
+    Two queries for any number of nodes. A node is drained once it is cordoned
+    with nothing left, which is what the reconciler does to a draining node.
+    """
+    shards = dict(
+        Shard.objects.filter(node_id__in=node_ids, state__in=HOLDING)
+        .order_by()
+        .values("node_id")
+        .annotate(n=Count("id"))
+        .values_list("node_id", "n")
+    )
+    replicas = {
+        node_id: n
+        for node_id, n in Shard.objects.filter(node_id__in=node_ids, state__in=HOLDING)
+        .order_by()
+        .values("node_id")
+        .annotate(n=Count("replica", distinct=True))
+        .values_list("node_id", "n")
+    }
+    allocated = set(Allocation.objects.filter(node_id__in=node_ids).values_list("node_id", flat=True))
+    progress = {}
+    for node_id, admin_state, liveness in Node.objects.filter(pk__in=node_ids).values_list(
+        "pk", "admin_state", "liveness"
+    ):
+        left = replicas.get(node_id, 0)
+        node = Node(pk=node_id, admin_state=admin_state, liveness=liveness)
+        progress[node_id] = {
+            "node": node_id,
+            "admin_state": admin_state,
+            "state": node.state,
+            "replicas_left": left,
+            "shards_left": shards.get(node_id, 0),
+            "drained": admin_state == AdminState.CORDONED and not left and node_id not in allocated,
+        }
+    return progress
+
+
+def node_detail(node: Node, now: float) -> dict:
+    readings, problem = fetch_readings([node.pk], now)
+    reading = readings[node.pk]
+    allocations = list(node.allocations.all())
+    holders = {claim.gpu_index: a.shard_id for a in allocations for claim in a.gpu_claims.all()}
+    states = dict(Shard.objects.filter(node=node).values_list("shard_id", "state"))
+    loaded = load_fields(reading)
+    if loaded["load"] is not None:
+        loaded["load"]["shards"] = [
+            {"shard": s.shard, "cpu_cores": s.cpu_cores, "rss_bytes": s.rss_bytes} for s in reading.load.shards
+        ]
+    return {
+        "id": node.pk,
+        "hostname": node.hostname,
+        "mgmt_addr": node.mgmt_addr,
+        "state": node.state,
+        "admin_state": node.admin_state,
+        "admin_state_by": node.admin_state_by,
+        "admin_state_at": node.admin_state_at,
+        "admin_state_reason": node.admin_state_reason,
+        "liveness": node.liveness,
+        "schedulable": node.schedulable,
+        "labels": node.all_labels,
+        "notes": node.notes,
+        "os": node.os,
+        "os_version": node.os_version,
+        "kernel": node.kernel,
+        "arch": node.arch,
+        "cpu_model": node.cpu_model,
+        "cpus": node.cpus,
+        "memory_total_bytes": node.memory_total_bytes,
+        "agent_version": node.agent_version,
+        "engine_versions": node.engine_versions,
+        "engines_probed": node.engines_probed,
+        "engine_installs": [
+            {"engine": e.engine, "version": e.version, "state": e.state, "detail": e.detail}
+            for e in node.engine_installs.all()
+        ],
+        "registered_at": node.registered_at,
+        "last_heartbeat": node.last_heartbeat,
+        "heartbeat_age_seconds": heartbeat_age(node.last_heartbeat, reading, now),
+        **loaded,
+        "load_problem": problem,
+        "gpus": [
+            {
+                "index": gpu.index,
+                "uuid": gpu.uuid,
+                "name": gpu.name,
+                "gpu_class": gpu.gpu_class,
+                "memory_bytes": gpu.memory_bytes,
+                "ecc_errors": gpu.ecc_errors,
+                "health": gpu.health,
+                "held_by": holders.get(gpu.index),
+            }
+            for gpu in node.gpus.all()
+        ],
+        "filesystems": [
+            {
+                "mount": fs.mount,
+                "fstype": fs.fstype,
+                "free_bytes": fs.free_bytes,
+                "total_bytes": fs.total_bytes,
+                "shared": fs.shared,
+            }
+            for fs in node.filesystems.all()
+        ],
+        "fabrics": [{"fabric": f.fabric, "hcas": f.hcas, "rate_gbps": f.rate_gbps} for f in node.fabrics.all()],
+        "allocations": [
+            {
+                "shard": a.shard_id,
+                "replica": a.replica_id,
+                "model": a.model,
+                "gpus": a.gpu_indices,
+                "memory_gb": a.memory_gb,
+                "cpu_cores": a.cpu_cores,
+                "state": states.get(a.shard_id),
+            }
+            for a in allocations
+        ],
+        "drain": drain_progress([node.pk])[node.pk],
+        "events": [event_fields(e) for e in node.events.all()[:EVENTS_SHOWN]],
+    }
