@@ -23,6 +23,7 @@ class Text(serializers.CharField):
     def __init__(self, **kwargs):
         kwargs.setdefault("required", False)
         kwargs.setdefault("allow_blank", True)
+        kwargs.setdefault("default", "")
         kwargs.setdefault("max_length", MAX_TEXT)
         kwargs.setdefault("validators", [no_nul])
         super().__init__(**kwargs)
