@@ -94,9 +94,7 @@ def test_drain_returns_at_once_and_its_progress_is_readable(operate, cluster):
 
 
 def test_deployments_are_created_scaled_and_deleted_and_logged(operate, cluster):
-    created = operate.post(
-        "/deployments/", {"name": "llama", "model_source": "llama", "engine": "demo", "replicas": 1}
-    )
+    created = operate.post("/deployments/", {"name": "llama", "model_source": "llama", "engine": "demo", "replicas": 1})
     assert created.status_code == 201, created.content
     assert created.json()["replicas_wanted"] == 1
     reconcile()
