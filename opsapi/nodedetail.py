@@ -2,9 +2,22 @@
 
 from __future__ import annotations
 
-from django.db.models import Count
+from django.db.models import Count, Prefetch
 
-from inventory.models import RUN_STATES, AdminState, Allocation, Node, NodeEvent, ReplicaState, Shard
+from inventory.models import (
+    GPU,
+    RUN_STATES,
+    AdminState,
+    Allocation,
+    EngineInstall,
+    FabricAttachment,
+    Filesystem,
+    GPUClaim,
+    Node,
+    NodeEvent,
+    ReplicaState,
+    Shard,
+)
 from opsapi.nodelist import load_fields
 from opsapi.upstream import fetch_readings, heartbeat_age
 
@@ -16,8 +29,17 @@ HOLDING = (*RUN_STATES, ReplicaState.RELEASING)
 def find(node_id: str) -> Node | None:
     if "\x00" in node_id:
         return None
+    # Each related list in its own order: the models' default orders begin with the
+    # node, which makes the database join the node table for every one of them.
     return (
-        Node.objects.prefetch_related("gpus", "filesystems", "fabrics", "engine_installs", "allocations__gpu_claims")
+        Node.objects.prefetch_related(
+            Prefetch("gpus", GPU.objects.order_by("index")),
+            Prefetch("filesystems", Filesystem.objects.order_by("mount")),
+            Prefetch("fabrics", FabricAttachment.objects.order_by("fabric")),
+            Prefetch("engine_installs", EngineInstall.objects.order_by("engine")),
+            Prefetch("allocations", Allocation.objects.order_by("shard_id")),
+            Prefetch("allocations__gpu_claims", GPUClaim.objects.order_by("gpu_index")),
+        )
         .filter(pk=node_id)
         .first()
     )
@@ -39,38 +61,35 @@ def event_fields(event: NodeEvent) -> dict:
 def drain_progress(node_ids: list[str]) -> dict[str, dict]:
     """For each node: how many replicas and shards still hold something on it, and whether it is drained.
 
-    Two queries for any number of nodes. A node is drained once it is cordoned
-    with nothing left, which is what the reconciler does to a draining node.
+    Three queries for any number of nodes. A node is drained once it is
+    cordoned with nothing left, which is what the reconciler makes of a
+    draining node.
     """
-    shards = dict(
-        Shard.objects.filter(node_id__in=node_ids, state__in=HOLDING)
-        .order_by()
-        .values("node_id")
-        .annotate(n=Count("id"))
-        .values_list("node_id", "n")
+    nodes = Node.objects.filter(pk__in=node_ids).only("pk", "admin_state", "liveness")
+    return progress_of(
+        list(nodes), set(Allocation.objects.filter(node_id__in=node_ids).values_list("node_id", flat=True))
     )
-    replicas = {
-        node_id: n
-        for node_id, n in Shard.objects.filter(node_id__in=node_ids, state__in=HOLDING)
+
+
+def progress_of(nodes: list[Node], allocated: set[str]) -> dict[str, dict]:
+    held = {
+        node_id: (shards, replicas)
+        for node_id, shards, replicas in Shard.objects.filter(node_id__in=[n.pk for n in nodes], state__in=HOLDING)
         .order_by()
         .values("node_id")
-        .annotate(n=Count("replica", distinct=True))
-        .values_list("node_id", "n")
+        .annotate(shards=Count("id"), replicas=Count("replica", distinct=True))
+        .values_list("node_id", "shards", "replicas")
     }
-    allocated = set(Allocation.objects.filter(node_id__in=node_ids).values_list("node_id", flat=True))
     progress = {}
-    for node_id, admin_state, liveness in Node.objects.filter(pk__in=node_ids).values_list(
-        "pk", "admin_state", "liveness"
-    ):
-        left = replicas.get(node_id, 0)
-        node = Node(pk=node_id, admin_state=admin_state, liveness=liveness)
-        progress[node_id] = {
-            "node": node_id,
-            "admin_state": admin_state,
+    for node in nodes:
+        shards, replicas = held.get(node.pk, (0, 0))
+        progress[node.pk] = {
+            "node": node.pk,
+            "admin_state": node.admin_state,
             "state": node.state,
-            "replicas_left": left,
-            "shards_left": shards.get(node_id, 0),
-            "drained": admin_state == AdminState.CORDONED and not left and node_id not in allocated,
+            "replicas_left": replicas,
+            "shards_left": shards,
+            "drained": node.admin_state == AdminState.CORDONED and not replicas and node.pk not in allocated,
         }
     return progress
 
@@ -80,7 +99,8 @@ def node_detail(node: Node, now: float) -> dict:
     reading = readings[node.pk]
     allocations = list(node.allocations.all())
     holders = {claim.gpu_index: a.shard_id for a in allocations for claim in a.gpu_claims.all()}
-    states = dict(Shard.objects.filter(node=node).values_list("shard_id", "state"))
+    # No ordering: the model's default joins the replica table for nothing.
+    states = dict(Shard.objects.filter(node=node).order_by().values_list("shard_id", "state"))
     loaded = load_fields(reading)
     if loaded["load"] is not None:
         loaded["load"]["shards"] = [
@@ -154,6 +174,6 @@ def node_detail(node: Node, now: float) -> dict:
             }
             for a in allocations
         ],
-        "drain": drain_progress([node.pk])[node.pk],
+        "drain": progress_of([node], {node.pk} if allocations else set())[node.pk],
         "events": [event_fields(e) for e in node.events.all()[:EVENTS_SHOWN]],
     }

@@ -82,16 +82,19 @@ def node_rows(nodes: list[Node], now: float) -> tuple[list[dict], str | None]:
     ids = [node.pk for node in nodes]
     readings, problem = fetch_readings(ids, now)
     gpus: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
-    for node_id, index, health, klass in GPU.objects.filter(node_id__in=ids).values_list(
-        "node_id", "index", "health", "gpu_class"
+    # Each without the model's default order, which would join the node table for nothing.
+    for node_id, index, health, klass in (
+        GPU.objects.filter(node_id__in=ids).order_by().values_list("node_id", "index", "health", "gpu_class")
     ):
         gpus[node_id].append((index, health, klass))
     claimed: dict[str, set[int]] = defaultdict(set)
-    for node_id, index in GPUClaim.objects.filter(node_id__in=ids).values_list("node_id", "gpu_index"):
+    for node_id, index in GPUClaim.objects.filter(node_id__in=ids).order_by().values_list("node_id", "gpu_index"):
         claimed[node_id].add(index)
     disks: dict[str, dict[str, int]] = {}
-    for node_id, free, total in Filesystem.objects.filter(node_id__in=ids, shared=False).values_list(
-        "node_id", "free_bytes", "total_bytes"
+    for node_id, free, total in (
+        Filesystem.objects.filter(node_id__in=ids, shared=False)
+        .order_by()
+        .values_list("node_id", "free_bytes", "total_bytes")
     ):
         disk = disks.setdefault(node_id, {"free_bytes": 0, "total_bytes": 0})
         disk["free_bytes"] += free
