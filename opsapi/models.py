@@ -95,9 +95,13 @@ class ApiToken(models.Model):
         return True
 
     def touch(self, now=None) -> None:
+        """Note the use, at most once a minute: the row was just read, so most requests write nothing."""
         now = now or timezone.now()
+        if self.last_used_at is not None and self.last_used_at >= now - LAST_USED_RESOLUTION:
+            return
         stale = models.Q(last_used_at__isnull=True) | models.Q(last_used_at__lt=now - LAST_USED_RESOLUTION)
         ApiToken.objects.filter(stale, pk=self.pk).update(last_used_at=now)
+        self.last_used_at = now
 
     @classmethod
     def find(cls, token: str) -> ApiToken | None:

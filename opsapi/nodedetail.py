@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch
+from django.db.models import Prefetch
 
 from inventory.models import (
     GPU,
@@ -67,28 +67,32 @@ def drain_progress(node_ids: list[str]) -> dict[str, dict]:
     """
     nodes = Node.objects.filter(pk__in=node_ids).only("pk", "admin_state", "liveness")
     return progress_of(
-        list(nodes), set(Allocation.objects.filter(node_id__in=node_ids).values_list("node_id", flat=True))
+        list(nodes), set(Allocation.objects.filter(node_id__in=node_ids).order_by().values_list("node_id", flat=True))
     )
 
 
-def progress_of(nodes: list[Node], allocated: set[str]) -> dict[str, dict]:
-    held = {
-        node_id: (shards, replicas)
-        for node_id, shards, replicas in Shard.objects.filter(node_id__in=[n.pk for n in nodes], state__in=HOLDING)
-        .order_by()
-        .values("node_id")
-        .annotate(shards=Count("id"), replicas=Count("replica", distinct=True))
-        .values_list("node_id", "shards", "replicas")
-    }
+def progress_of(nodes: list[Node], allocated: set[str], shards: list[tuple[str, str, int]] | None = None) -> dict:
+    """Drain progress from the nodes' shards as (node id, state, replica pk), read here unless given."""
+    if shards is None:
+        shards = list(
+            Shard.objects.filter(node_id__in=[n.pk for n in nodes], state__in=HOLDING)
+            .order_by()
+            .values_list("node_id", "state", "replica_id")
+        )
+    holding: dict[str, list[int]] = {}
+    for node_id, state, replica in shards:
+        if state in HOLDING:
+            holding.setdefault(node_id, []).append(replica)
     progress = {}
     for node in nodes:
-        shards, replicas = held.get(node.pk, (0, 0))
+        held = holding.get(node.pk, [])
+        replicas = len(set(held))
         progress[node.pk] = {
             "node": node.pk,
             "admin_state": node.admin_state,
             "state": node.state,
             "replicas_left": replicas,
-            "shards_left": shards,
+            "shards_left": len(held),
             "drained": node.admin_state == AdminState.CORDONED and not replicas and node.pk not in allocated,
         }
     return progress
@@ -100,7 +104,8 @@ def node_detail(node: Node, now: float) -> dict:
     allocations = list(node.allocations.all())
     holders = {claim.gpu_index: a.shard_id for a in allocations for claim in a.gpu_claims.all()}
     # No ordering: the model's default joins the replica table for nothing.
-    states = dict(Shard.objects.filter(node=node).order_by().values_list("shard_id", "state"))
+    shards = list(Shard.objects.filter(node=node).order_by().values_list("shard_id", "state", "replica_id"))
+    states = {shard_id: state for shard_id, state, _ in shards}
     loaded = load_fields(reading)
     if loaded["load"] is not None:
         loaded["load"]["shards"] = [
@@ -174,6 +179,8 @@ def node_detail(node: Node, now: float) -> dict:
             }
             for a in allocations
         ],
-        "drain": progress_of([node], {node.pk} if allocations else set())[node.pk],
+        "drain": progress_of(
+            [node], {node.pk} if allocations else set(), [(node.pk, state, replica) for _, state, replica in shards]
+        )[node.pk],
         "events": [event_fields(e) for e in node.events.all()[:EVENTS_SHOWN]],
     }

@@ -77,6 +77,7 @@ def test_a_bad_parameter_is_a_400_naming_it(reader, cluster, query, field):
 
 def test_the_list_asks_as_many_queries_at_60_nodes_as_at_6(reader, cluster, redis_client):
     def queries() -> int:
+        reader.get("/nodes/")  # the token's first use of the minute also notes when it was used
         with CaptureQueriesContext(connection) as captured:
             assert reader.get("/nodes/", sort="gpus").status_code == 200
         return len(captured)
