@@ -15,6 +15,7 @@ from inventory.registration import upsert_inventory
 from nodes import loadstore
 from tests.conftest import make_inventory
 from tests.opsapi_support import Caller, make_token
+from tests.services import database_unreachable
 
 pytestmark = pytest.mark.django_db
 
@@ -142,3 +143,23 @@ def test_events_refuse_a_bad_cursor(reader, db):
     response = reader.get("/events/", since="yesterday")
     assert response.status_code == 400 and response.json()["field"] == "since"
     assert reader.get("/events/", limit=501).json()["field"] == "limit"
+
+
+def test_an_unknown_path_under_the_prefix_is_a_json_404(reader, db):
+    response = reader.get("/no-such-thing/")
+    assert response.status_code == 404 and "no such endpoint" in response.json()["error"]
+
+
+def test_a_method_the_endpoint_lacks_is_a_json_405(client, operator):
+    _, secret = make_token(operator, scope="operate")
+    operate = Caller(client, secret)
+    response = operate.client.put("/api/ops/v1/nodes/", **operate.headers)
+    assert response.status_code == 405 and "PUT" in response.json()["error"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_database_down_is_a_503_not_a_500(client, viewer):
+    _, secret = make_token(viewer)
+    with database_unreachable():
+        response = Caller(client, secret).get("/nodes/")
+    assert response.status_code == 503 and "database" in response.json()["error"]

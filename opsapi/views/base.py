@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
+from rest_framework.decorators import api_view, authentication_classes, permission_classes
+from rest_framework.exceptions import NotFound
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
@@ -29,3 +32,11 @@ def body(serializer_class: type[serializers.Serializer], request: Request) -> di
     serializer = serializer_class(data=request.data)
     serializer.is_valid(raise_exception=True)
     return serializer.validated_data
+
+
+@extend_schema(exclude=True)
+@api_view(["GET", "POST", "PUT", "PATCH", "DELETE"])
+@authentication_classes([])
+@permission_classes([])
+def unknown_path(request: Request):
+    raise NotFound(f"no such endpoint: {request.path} (see /api/ops/v1/schema/)")
