@@ -103,9 +103,14 @@ def wait_for_drain(api: Client, node_ids: list[str], timeout: float) -> int:
     shown: tuple = ()
     while True:
         progress = [api.get(f"/nodes/{_path(node_id)}/drain/").json() for node_id in node_ids]
-        stopped = [p["node"] for p in progress if p["admin_state"] == "active"]
+        # Someone uncordoned or cordoned a node meanwhile: its replicas will not move any more.
+        stopped = [
+            f"{p['node']} is {p['admin_state']}"
+            for p in progress
+            if p["admin_state"] != "draining" and not p["drained"]
+        ]
         if stopped:
-            raise Failure(f"drain stopped: {', '.join(stopped)} uncordoned meanwhile", REFUSED)
+            raise Failure(f"drain stopped by someone else: {', '.join(stopped)}", REFUSED)
         left = sum(p["replicas_left"] for p in progress)
         done = sum(p["drained"] for p in progress)
         now = (left, done)

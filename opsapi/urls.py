@@ -3,12 +3,12 @@
 from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView
 
-from opsapi.views import actions, deployments, events, nodes
+from opsapi.views import actions, deployments, events, me, nodes
 from opsapi.views.base import unknown_path
 
 urlpatterns = [
     path("schema/", SpectacularAPIView.as_view(), name="opsapi-schema"),
-    path("me/", events.Me.as_view(), name="opsapi-me"),
+    path("me/", me.Me.as_view(), name="opsapi-me"),
     path("nodes/", nodes.NodeList.as_view(), name="opsapi-nodes"),
     path("nodes/<str:node_id>/", nodes.NodeDetail.as_view(), name="opsapi-node"),
     path("nodes/<str:node_id>/drain/", nodes.NodeDrain.as_view(), name="opsapi-node-drain"),

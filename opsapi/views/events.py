@@ -1,4 +1,4 @@
-"""Node events since a cursor, so a script follows changes without reading everything again; and who am I."""
+"""Node events since a cursor, so a script follows changes without reading everything again."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from rest_framework.response import Response
 
 from inventory.models import NodeEvent
 from opsapi.nodedetail import event_fields
-from opsapi.serializers.events import EventPageSerializer, EventParams, MeSerializer
+from opsapi.serializers.events import EventPageSerializer, EventParams
 from opsapi.views.base import REFUSALS, OpsView, params
 
 
@@ -48,19 +48,3 @@ class Events(OpsView):
         asked = params(EventParams, request)
         data = events_after(asked.get("since"), asked.get("node"), asked["limit"])
         return Response(EventPageSerializer(data).data)
-
-
-class Me(OpsView):
-    @extend_schema(
-        operation_id="me",
-        responses={200: MeSerializer, **REFUSALS},
-        summary="The user and token this request is made with",
-    )
-    def get(self, request: Request) -> Response:
-        token = request.auth
-        data = {
-            "user": request.user.get_username(),
-            "staff": request.user.is_staff,
-            "token": {"name": token.name, "key": token.key, "scope": token.scope, "expires_at": token.expires_at},
-        }
-        return Response(MeSerializer(data).data)
