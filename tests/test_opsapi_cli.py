@@ -147,10 +147,10 @@ def test_drain_wait_exits_0_once_the_reconciler_has_cordoned_the_empty_node(caps
         # simply followed by the next, as on a real beat.
         def pass_done() -> bool:
             try:
-                if Node.objects.get(pk="ready-1").admin_state != "draining":
-                    return False
-                reconcile()
-                return Node.objects.get(pk="ready-1").admin_state == "cordoned"
+                state = Node.objects.get(pk="ready-1").admin_state
+                if state == "draining":
+                    reconcile()
+                return state == "cordoned"
             except OperationalError:
                 return False
 
