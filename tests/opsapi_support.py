@@ -1,4 +1,8 @@
-"""What the operators' API tests share: tokens made the way the Tokens page makes them, and a caller."""
+"""What the operators' API tests share: tokens made the way the Tokens page makes them, and a caller.
+
+It is also the one place these tests import the project's test helpers and
+the load store from, since both are being moved while this is written.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,22 @@ import json
 
 from django.test import Client
 
+from nodes import loadstore
 from opsapi.forms import NewTokenForm
 from opsapi.models import ApiToken
+from tests.conftest import make_inventory
+from tests.services import database_unreachable, free_port, wait_until
+
+__all__ = [
+    "API",
+    "Caller",
+    "database_unreachable",
+    "free_port",
+    "loadstore",
+    "make_inventory",
+    "make_token",
+    "wait_until",
+]
 
 API = "/api/ops/v1"
 

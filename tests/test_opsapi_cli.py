@@ -18,8 +18,7 @@ from django.db import OperationalError, connection
 from inventory.models import Deployment, Node
 from inventory.reconcile import reconcile
 from llmgwctl.main import main
-from tests.opsapi_support import make_token
-from tests.services import wait_until
+from tests.opsapi_support import free_port, make_token, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -184,8 +183,6 @@ def test_events_print_one_line_each(capsys, logged_in, cluster):
 
 
 def test_an_unreachable_control_plane_is_exit_6_in_one_line(capsys, monkeypatch, home):
-    from tests.services import free_port
-
     monkeypatch.setenv("LLMGW_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("LLMGW_TOKEN", "llmgw-ops-0123456789abcdef.x")
     code, _, err = run(capsys, "nodes")

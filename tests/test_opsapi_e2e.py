@@ -28,7 +28,7 @@ from referencing.jsonschema import DRAFT202012
 
 from bench.soaklib.fleet import Fleet
 from tests.opsapi_stack import Stack
-from tests.services import free_port, wait_until
+from tests.opsapi_support import free_port, wait_until
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,10 +12,7 @@ from django.utils import timezone
 from agent import protocol
 from inventory.models import Node, NodeEvent
 from inventory.registration import upsert_inventory
-from nodes import loadstore
-from tests.conftest import make_inventory
-from tests.opsapi_support import Caller, make_token
-from tests.services import database_unreachable
+from tests.opsapi_support import Caller, database_unreachable, loadstore, make_inventory, make_token
 
 pytestmark = pytest.mark.django_db
 
