@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from django.contrib.admin.models import ADDITION, CHANGE, DELETION, LogEntry
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from inventory.models import Deployment, Node, NodeEvent, Replica, ReplicaState
 from inventory.reconcile import reconcile
@@ -153,3 +155,20 @@ def test_scaling_refuses_a_bad_count_and_an_unknown_deployment(operate, db):
     assert operate.patch("/deployments/llama/", {"replicas": "many"}).json()["field"] == "replicas"
     assert operate.patch("/deployments/llama/", {}).json()["field"] == "replicas"
     assert operate.patch("/deployments/nope/", {"replicas": 1}).status_code == 404
+
+
+def test_the_deployments_list_asks_as_many_queries_for_many_replicas_as_for_one(operate, cluster):
+    def queries() -> int:
+        operate.get("/deployments/")  # the token's first use of the minute also notes when it was used
+        with CaptureQueriesContext(connection) as captured:
+            assert operate.get("/deployments/").status_code == 200
+        return len(captured)
+
+    Deployment.objects.create(name="a", model_source="a", engine="demo", replicas=1, gpus_per_shard=1)
+    reconcile()
+    few = queries()
+    for name in ("b", "c", "d"):
+        Deployment.objects.create(name=name, model_source=name, engine="demo", replicas=2, gpus_per_shard=1)
+    reconcile()
+    assert Replica.objects.count() == 7
+    assert queries() == few
