@@ -89,6 +89,9 @@ INSTALLED_APPS = [
     "template_partials",
     "inventory",
     "web",
+    "rest_framework",
+    "drf_spectacular",
+    "opsapi",
 ]
 
 MIDDLEWARE = [
@@ -158,6 +161,33 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+
+# The operators' API (opsapi/, docs/api.md): JSON only, personal tokens only, refusals as JSON naming the field.
+REST_FRAMEWORK = {
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["opsapi.auth.TokenAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["opsapi.auth.ReadOrOperate"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "opsapi.errors.handle",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "llmgw operators' API",
+    "DESCRIPTION": "Nodes, deployments and events for scripts and the `llmgw` command (docs/api.md).",
+    "VERSION": "1",
+    # 3.1: its schemas are JSON Schema, so a test validates real answers with jsonschema alone.
+    "OAS_VERSION": "3.1.0",
+    "SCHEMA_PATH_PREFIX": "/api/ops/v1",
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.AllowAny"],
+    "SERVE_AUTHENTICATION": [],
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {
+        "NodeStateEnum": "inventory.models.choices.NodeState",
+        "AdminStateEnum": "inventory.models.choices.AdminState",
+        "LivenessEnum": "inventory.models.choices.Liveness",
+        "ReplicaStateEnum": "inventory.models.deployments.ReplicaState",
+    },
+}
 
 LOGIN_URL = "/admin/login/"
 LOGIN_REDIRECT_URL = "/"

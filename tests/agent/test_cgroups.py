@@ -14,8 +14,8 @@ from agent import cgroups, protocol
 from agent.load import Sampler
 from agent.procfs import Roots
 from agent.runner import Runner
+from devstack.polling import wait_until
 from tests.agent import bigproc
-from tests.services import wait_until
 
 SECONDS = 5.0
 

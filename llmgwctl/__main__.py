@@ -1,0 +1,5 @@
+import sys
+
+from llmgwctl.main import main
+
+sys.exit(main())

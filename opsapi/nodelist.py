@@ -1,0 +1,133 @@
+"""The nodes list: the cluster table's filters and sort, with figures as numbers instead of text.
+
+Filtering (`TableQuery.nodes`) and the sort columns (`DB_SORTS`, `LOAD_SORTS`)
+are the cluster page's own, so the API and the page list the same nodes in
+the same order. The rest of a page costs the same few queries whatever the
+fleet's size: the page of nodes, their count, and one query each for their
+GPUs, GPU claims, disks and placed shards.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import redis
+from django.db.models import Count
+
+from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node
+from inventory.models.gpus import HEALTH_OK
+from web.views.cluster import DB_SORTS, LOAD_SORTS, TableQuery
+from web.views.loads import Reading, fetch_readings, fresh_figures, heartbeat_age
+
+ROW_FIELDS = ("id", "hostname", "labels", "operator_labels", "admin_state", "liveness", "last_heartbeat")
+
+
+def table_query(params: dict) -> TableQuery:
+    sort = params["sort"]
+    return TableQuery(
+        sort=sort.removeprefix("-"),
+        descending=sort.startswith("-"),
+        state=params["state"],
+        label=params["label"].strip(),
+        gpu=params["gpu"].strip(),
+        q=params["q"].strip(),
+        page=params["page"],
+    )
+
+
+def page_of_nodes(query: TableQuery, page_size: int, now: float) -> tuple[list[Node], int]:
+    """One page of matching nodes in the table's order, and how many match in all."""
+    nodes = query.nodes()
+    start, end = (query.page - 1) * page_size, query.page * page_size
+    if query.sort in LOAD_SORTS:
+        # Sorting by load needs every matching node's load: one MGET for them all.
+        key = LOAD_SORTS[query.sort]
+        ids = list(nodes.values_list("id", flat=True))
+        try:
+            figures = fresh_figures(ids, now)
+        except redis.RedisError:
+            figures = {}
+        known = sorted((pk for pk in ids if pk in figures), key=lambda pk: (key(figures[pk]), pk))
+        if query.descending:
+            known.reverse()
+        ordered = known + [pk for pk in ids if pk not in figures]
+        page_ids = ordered[start:end]
+        by_id = {node.pk: node for node in Node.objects.filter(pk__in=page_ids).only(*ROW_FIELDS)}
+        return [by_id[pk] for pk in page_ids if pk in by_id], len(ordered)
+    annotations, order = DB_SORTS[query.sort]
+    for name, expression in annotations:
+        nodes = nodes.annotate(**{name: expression()})
+    if query.descending:
+        order = [term[1:] if term.startswith("-") else f"-{term}" for term in order]
+    return list(nodes.only(*ROW_FIELDS).order_by(*order)[start:end]), nodes.count()
+
+
+def load_fields(reading: Reading) -> dict:
+    load = reading.load
+    figures = None
+    if load is not None:
+        figures = {
+            "age_seconds": reading.age,
+            "cpu_percent": load.cpu_percent,
+            "cpus": load.cpus,
+            "load1": load.load1,
+            "load5": load.load5,
+            "load15": load.load15,
+            "memory_used_bytes": load.memory_used_bytes,
+            "memory_available_bytes": load.memory_available_bytes,
+        }
+    return {"load": figures, "load_age_seconds": reading.age}
+
+
+def node_rows(nodes: list[Node], now: float) -> tuple[list[dict], str | None]:
+    ids = [node.pk for node in nodes]
+    readings, problem = fetch_readings(ids, now)
+    gpus: dict[str, list[tuple[int, str, str]]] = defaultdict(list)
+    # Each without the model's default order, which would join the node table for nothing.
+    for node_id, index, health, klass in (
+        GPU.objects.filter(node_id__in=ids).order_by().values_list("node_id", "index", "health", "gpu_class")
+    ):
+        gpus[node_id].append((index, health, klass))
+    claimed: dict[str, set[int]] = defaultdict(set)
+    for node_id, index in GPUClaim.objects.filter(node_id__in=ids).order_by().values_list("node_id", "gpu_index"):
+        claimed[node_id].add(index)
+    disks: dict[str, dict[str, int]] = {}
+    for node_id, free, total in (
+        Filesystem.objects.filter(node_id__in=ids, shared=False)
+        .order_by()
+        .values_list("node_id", "free_bytes", "total_bytes")
+    ):
+        disk = disks.setdefault(node_id, {"free_bytes": 0, "total_bytes": 0})
+        disk["free_bytes"] += free
+        disk["total_bytes"] += total
+    engines = dict(
+        Allocation.objects.filter(node_id__in=ids)
+        .order_by()
+        .values("node_id")
+        .annotate(n=Count("id"))
+        .values_list("node_id", "n")
+    )
+    rows = []
+    for node in nodes:
+        node_gpus = gpus.get(node.pk, [])
+        taken = claimed.get(node.pk, set())
+        rows.append(
+            {
+                "id": node.pk,
+                "hostname": node.hostname,
+                "state": node.state,
+                "admin_state": node.admin_state,
+                "liveness": node.liveness,
+                "labels": node.all_labels,
+                "gpus": {
+                    "total": len(node_gpus),
+                    "free": sum(1 for index, health, _ in node_gpus if health == HEALTH_OK and index not in taken),
+                    "classes": sorted({klass for _, _, klass in node_gpus}),
+                },
+                "disk": disks.get(node.pk),
+                "engines": engines.get(node.pk, 0),
+                "heartbeat_age_seconds": heartbeat_age(node.last_heartbeat, readings[node.pk], now),
+                **load_fields(readings[node.pk]),
+            }
+        )
+    return rows, problem
