@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("web", "inventory", "livestate", "agent", "llmgw_site")
+PACKAGES = ("web", "opsapi", "inventory", "livestate", "agent", "llmgwctl", "llmgw_site", "devstack")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -50,6 +50,8 @@ def test_the_tree_keeps_every_contract():
         ("inventory/wrong.py", "from web import ratelimit\n", "web app > domain > live state > wire protocol"),
         ("agent/protocol_wrong.py", "import livestate\n", "the agent runs on GPU machines"),
         ("agent/wrong.py", "from django.conf import settings\n", "the agent runs on GPU machines"),
+        ("llmgwctl/wrong.py", "import opsapi.models\n", "the llmgw command needs nothing of the server"),
+        ("inventory/wrong.py", "import devstack.ports\n", "what runs in production never imports"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(tmp_path, module, wrong_import, contract):
