@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db.models import Prefetch, QuerySet
 
+from inventory.fleet import Profile
 from inventory.models import Deployment, Replica, ReplicaState, Shard
 
 
@@ -30,7 +31,7 @@ def deployment_fields(deployment: Deployment) -> dict:
         "gpu_class": deployment.gpu_class,
         "memory_gb_per_shard": deployment.memory_gb_per_shard,
         "cpu_cores_per_shard": deployment.cpu_cores_per_shard,
-        "profile": deployment.profile_text(),
+        "profile": Profile.of(deployment).describe(),
         "created_at": deployment.created_at,
         "not_placed": [
             {"replica": r.replica_id, "reason": r.reason} for r in replicas if r.state == ReplicaState.PENDING

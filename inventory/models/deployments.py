@@ -134,17 +134,6 @@ class Deployment(models.Model):
     def model_is_path(self) -> bool:
         return self.model_source.startswith("/")
 
-    def profile_text(self) -> str:
-        """The profile in one line, as reasons and the admin show it."""
-        parts = [f"{self.shards_per_replica} shard{'s' if self.shards_per_replica != 1 else ''}"]
-        if self.gpus_per_shard:
-            parts.append(f"{self.gpus_per_shard} × {self.gpu_class or 'any GPU'} each")
-        if self.memory_gb_per_shard:
-            parts.append(f"{self.memory_gb_per_shard} GB memory")
-        if self.cpu_cores_per_shard:
-            parts.append(f"{self.cpu_cores_per_shard} cores")
-        return ", ".join(parts)
-
 
 class Replica(models.Model):
     """One complete copy of a deployment's model: its shards run together or not at all."""
