@@ -56,7 +56,17 @@ KEY_CASES = {
                     "r1",
                     "vllm",
                     "/models/llama",
-                    ["/opt/vllm/bin/vllm", "serve", "/models/llama", "--port", "8100", "--tensor-parallel-size", "2"],
+                    [
+                        "/opt/vllm/bin/vllm",
+                        "serve",
+                        "/models/llama",
+                        "--host",
+                        "0.0.0.0",
+                        "--port",
+                        "8100",
+                        "--tensor-parallel-size",
+                        "2",
+                    ],
                     {"CUDA_VISIBLE_DEVICES": "0,1"},
                     8100,
                 )
@@ -127,9 +137,18 @@ def test_engine_templates(tmp_path):
         + "  - {shard: c, engine: command, command: [/bin/my-engine, --serve], args: [--fast]}\n",
     )
     commands = {s.shard: s.command for s in agent_config.shard_specs(config)}
-    assert commands["l"] == ["llama-server", "--model", "/m/q4.gguf", "--port", "8200", "--metrics"]
+    assert commands["l"] == [
+        "llama-server",
+        "--model",
+        "/m/q4.gguf",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8200",
+        "--metrics",
+    ]
     assert commands["s"][:3] == ["python3", "-m", "sglang.launch_server"]
-    assert commands["s"][3:] == ["--model-path", "/m/qwen", "--port", "8300", "--enable-metrics"]
+    assert commands["s"][3:] == ["--model-path", "/m/qwen", "--host", "0.0.0.0", "--port", "8300", "--enable-metrics"]
     assert commands["c"] == ["/bin/my-engine", "--serve", "--fast"]
 
 
