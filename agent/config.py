@@ -72,6 +72,8 @@ class Config(_Strict):
     ) = None
     shards: Annotated[list[ShardConfig], msgspec.Meta(max_length=protocol.MAX_SHARDS)] = []
     env: dict[str, str] = {}
+    # Where engine builds are kept for every agent on the machine; empty: ~/.cache/llmgw/engines.
+    engine_cache: str = ""
 
     @property
     def engine_commands(self) -> dict[str, list[str]]:

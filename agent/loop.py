@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import requests
 
 from agent import config as agent_config
@@ -24,6 +25,7 @@ from agent.client import ControlPlane, Rejected, TokenStore, Unauthorized, Unava
 from agent.discovery import Discoverer, inventory_hash
 from agent.load import Sampler
 from agent.procfs import REAL, Roots
+from agent.provision import Provisioner, Want
 from agent.runner import Runner
 
 log = logging.getLogger("agent")
@@ -44,6 +46,9 @@ class Tuning:
     tick: float = 1.0
     # While beats keep failing, say so at most this often.
     quiet_for: float = 60.0
+    # A failed engine install is tried again after this, doubling up to the cap.
+    install_backoff_base: float = 60.0
+    install_backoff_cap: float = 3600.0
 
 
 class Agent:
@@ -65,6 +70,16 @@ class Agent:
         )
         self.client = ControlPlane(config.control_plane, tuning.connect_timeout, tuning.read_timeout, session)
         self.tokens = TokenStore(self.state_dir)
+        self.provisioner = Provisioner(
+            self.state_dir / "engines",
+            cache=Path(config.engine_cache) if config.engine_cache else None,
+            env=config.env,
+            # Only engines the operator named are taken as installed; the default probes are guesses.
+            operator_binaries=config.engine_commands if config.engines is not None else {},
+            gpus=lambda: len(self.discovered[0].gpus),
+            backoff_base=tuning.install_backoff_base,
+            backoff_cap=tuning.install_backoff_cap,
+        )
         self.configured_shards = agent_config.shard_specs(config)
 
         self.started = False
@@ -111,6 +126,7 @@ class Agent:
             self._sample_loop()
         finally:
             self.stop()
+            self.provisioner.stop()
             log.info("stopping: sending SIGTERM to every engine group")
             self.runner.stop_all()
             for thread in threads:
@@ -171,6 +187,11 @@ class Agent:
 
     def heartbeat_message(self, load: protocol.Load | None, with_inventory: bool | None = None) -> protocol.Heartbeat:
         inventory, digest = self.discovered
+        provision = self.provisioner.entries()
+        if provision:
+            # Installs move between discoveries; a changed entry changes the hash, so it goes with this beat.
+            inventory = msgspec.structs.replace(inventory, provision=provision)
+            digest = inventory_hash(inventory)
         if with_inventory is None:
             with_inventory = digest != self.acknowledged_hash or self.inventory_wanted
         return protocol.Heartbeat(
@@ -226,6 +247,8 @@ class Agent:
     def _apply(self, reply: protocol.HeartbeatReply) -> None:
         self.inventory_wanted = reply.inventory_wanted
         self._set_interval(reply.heartbeat_interval)
+        if reply.engines is not None:
+            self.provisioner.want([Want(e.engine, e.version, e.variant) for e in reply.engines])
         # None: the control plane does not manage shards, so the config's run; a list: exactly those.
         self.runner.reconcile(self.configured_shards if reply.shards is None else self._runnable(reply.shards))
 
@@ -236,6 +259,12 @@ class Agent:
             if not agent_config.valid_id(spec.shard) or not spec.command:
                 self._complain("ignoring shard %r from the control plane: bad id or empty command", spec.shard)
                 continue
+            if self.provisioner.wanted(spec.engine):
+                installed = self.provisioner.ready(spec.engine)
+                if installed is None:
+                    # Started now it would fail for want of its binary, and restart in a loop until the build ends.
+                    continue
+                spec = with_engine_on_path(spec, installed, self.runner.env)
             runnable.append(spec)
         return runnable
 
@@ -289,3 +318,9 @@ class Agent:
         """Full jitter: uniform up to an exponentially growing ceiling, so a fleet does not return in step."""
         ceiling = min(self.tuning.backoff_cap, self.tuning.backoff_base * 2 ** min(self.beats_failed - 1, 30))
         return random.uniform(0, ceiling)
+
+
+def with_engine_on_path(spec: protocol.ShardSpec, bin_dir: Path, env: dict[str, str]) -> protocol.ShardSpec:
+    """The spec with the installed engine first on its PATH: the control plane's commands name programs, not paths."""
+    path = spec.env.get("PATH") or env.get("PATH", "/usr/bin:/bin")
+    return msgspec.structs.replace(spec, env={**spec.env, "PATH": f"{bin_dir}:{path}"})

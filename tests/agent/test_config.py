@@ -74,6 +74,7 @@ KEY_CASES = {
         ),
     ),
     "env": (BASE + "env:\n  HF_HOME: /models/cache\n", lambda c, tmp: c.env == {"HF_HOME": "/models/cache"}),
+    "engine_cache": (BASE + "engine_cache: /srv/llmgw-cache\n", lambda c, tmp: c.engine_cache == "/srv/llmgw-cache"),
 }
 
 
