@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import subprocess
 import threading
 from collections.abc import Callable, Iterator
@@ -56,6 +57,8 @@ class Context:
                     stderr=subprocess.STDOUT,
                     text=True,
                     errors="replace",
+                    # Its own group, so that stopping it stops make and every compiler it started.
+                    start_new_session=True,
                 )
             except OSError as exc:
                 raise InstallError(f"{step}: cannot run {argv[0]}: {exc.strerror}") from None
@@ -81,7 +84,7 @@ class Context:
         process = self.process
         if process is not None:
             with contextlib.suppress(OSError):
-                process.terminate()
+                os.killpg(process.pid, signal.SIGTERM)
 
 
 def tail(head: str, lines: list[str]) -> str:

@@ -15,6 +15,7 @@ import pytest
 
 from agent.provision import Provisioner, Want
 from tests.agent.stand_ins import BROKEN, seed_sdist
+from tests.agent.test_runner import group_members
 from tests.services import wait_until
 
 
@@ -175,3 +176,19 @@ def test_a_python_engine_gets_a_virtualenv_of_its_own_with_its_pinned_version(tm
     assert "installing vllm==0.0.2: exit 1" in only(provisioner).detail
     assert "No matching distribution found for vllm==0.0.2" in only(provisioner).detail
     provisioner.stop()
+
+
+HANGING = "cmake_minimum_required(VERSION 3.14)\nproject(llama.cpp CXX)\nexecute_process(COMMAND sleep 60)\n"
+
+
+def test_stopping_ends_the_build_and_every_process_it_started(tmp_path):
+    seed_sdist(tmp_path / "cache", "7.7.7", cmake=HANGING)
+    provisioner = Provisioner(tmp_path / "engines", cache=tmp_path / "cache")
+    provisioner.want([Want("llama.cpp", "7.7.7")])
+    wait_until(lambda: only(provisioner).detail == "configuring (cmake)", 60, "the configure step")
+    (install,) = provisioner.installs.values()
+    wait_until(lambda: install.context.process is not None, 10, "cmake to start")
+    group = install.context.process.pid
+    wait_until(lambda: len(group_members(group)) >= 2, 10, "cmake to start sleep")
+    provisioner.stop()
+    wait_until(lambda: group_members(group) == [], 10, "the build's group to end")
