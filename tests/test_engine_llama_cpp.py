@@ -112,8 +112,12 @@ def test_gemma_answers_through_a_real_agent_and_its_queue_is_exported(gemma, tmp
             assert [(p.engine, p.state) for p in agent.provisioner.entries()] == [("llama.cpp", "ready")]
             wait_until(lambda: healthy(port), 300, "the model to load")
 
-            answer = chat(port, "What is the capital of France? Answer in one word.", 16)
-            assert "paris" in answer["choices"][0]["message"]["content"].lower(), answer
+            # The 270M base model is no oracle (and its GGUF carries no chat template, so llama-server
+            # falls back to ChatML): the answer is checked for being one, not for being right.
+            answer = chat(port, "What is the capital of France?", 16)
+            (choice,) = answer["choices"]
+            assert choice["message"]["role"] == "assistant" and choice["message"]["content"].strip(), answer
+            assert 0 < answer["usage"]["completion_tokens"] <= 16
 
             metrics = gauges(port)
             # Every name the table gives llama.cpp is exported by the version built.
@@ -121,7 +125,7 @@ def test_gemma_answers_through_a_real_agent_and_its_queue_is_exported(gemma, tmp
 
             results: list[dict] = []
             senders = [
-                threading.Thread(target=lambda: results.append(chat(port, "Count from one to fifty.", 48)))
+                threading.Thread(target=lambda: results.append(chat(port, "Count from one to fifty.", 16)))
                 for _ in range(4)
             ]
             for sender in senders:
@@ -136,7 +140,9 @@ def test_gemma_answers_through_a_real_agent_and_its_queue_is_exported(gemma, tmp
             for sender in senders:
                 sender.join(600)
             assert len(results) == 4
-            assert gauges(port)["llamacpp:tokens_predicted_total"] >= 4 * 10
+            # The counter behind llmgw:shard_tokens_per_second counts every token the five answers hold.
+            produced = sum(r["usage"]["completion_tokens"] for r in [answer, *results])
+            assert gauges(port)["llamacpp:tokens_predicted_total"] == produced
         finally:
             agent.stop()
             thread.join(30)
