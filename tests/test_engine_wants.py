@@ -6,32 +6,34 @@ import pytest
 
 from agent import protocol
 from inventory.engine_wants import install_state, wants
-from inventory.models import Engine, EngineInstall, Node, Shard
-from inventory.reconcile import reconcile
-from tests.placement_fleet import deployment, node
+from inventory.models import Deployment, Engine, EngineInstall, Node, Replica, Shard
 
-pytestmark = pytest.mark.django_db
+
+def shard_of(engine: str, gpus: int) -> Shard:
+    # wants() reads only each shard's deployment: unsaved rows are enough.
+    return Shard(replica=Replica(deployment=Deployment(engine=engine, model_source="/m", gpus_per_shard=gpus)))
 
 
 def test_a_node_is_asked_for_the_engines_of_its_shards_once_each_with_the_variant_its_profile_needs():
-    node("a", gpus=8, cpus=64)
-    deployment("llama-gpu", engine=Engine.LLAMA_CPP, replicas=2, gpus_per_shard=1)
-    deployment("llama-cpu", engine=Engine.LLAMA_CPP, gpus_per_shard=0, gpu_class="", cpu_cores_per_shard=2)
-    deployment("qwen", engine=Engine.SGLANG, gpus_per_shard=2)
-    deployment("sim", engine=Engine.DEMO, gpus_per_shard=0, gpu_class="")
-    reconcile()
-    shards = Shard.objects.filter(node_id="a").select_related("replica__deployment")
-    assert shards.count() == 5
+    shards = [
+        shard_of(Engine.LLAMA_CPP, 1),
+        shard_of(Engine.LLAMA_CPP, 1),
+        shard_of(Engine.LLAMA_CPP, 0),
+        shard_of(Engine.SGLANG, 2),
+        shard_of(Engine.DEMO, 0),
+        shard_of(Engine.COMMAND, 0),
+    ]
     assert wants(shards) == [
         protocol.EngineWant(engine="llama.cpp", variant="cpu"),
         protocol.EngineWant(engine="llama.cpp", variant="cuda"),
         protocol.EngineWant(engine="sglang", variant="cuda"),
     ]
+    assert wants([]) == []
 
 
+@pytest.mark.django_db
 def test_the_install_state_is_what_the_agent_reported_the_most_hopeful_variant_first():
-    node("a")
-    a = Node.objects.get(pk="a")
+    a = Node.objects.create(id="a", hostname="a.example")
     assert install_state("a", "llama.cpp") == ("", "")
     EngineInstall.objects.create(node=a, engine="llama.cpp", variant="cuda", state="unsupported", detail="no GPU")
     EngineInstall.objects.create(node=a, engine="llama.cpp", variant="cpu", state="failed", detail="exit 2")
