@@ -90,6 +90,7 @@ class Agent:
         # One attribute, swapped whole, so a reader never pairs one inventory with another's hash.
         self.discovered: tuple[protocol.Inventory, str] = (protocol.Inventory(), "")
         self.acknowledged_hash = ""
+        self._provisioned: tuple | None = None  # (discovered, provision, result) of with_provision's last
         self.inventory_wanted = False
         self.token: str | None = None
         self.beats_failed = 0  # in a row
@@ -186,12 +187,7 @@ class Agent:
     # -- heartbeats ----------------------------------------------------------------------------
 
     def heartbeat_message(self, load: protocol.Load | None, with_inventory: bool | None = None) -> protocol.Heartbeat:
-        inventory, digest = self.discovered
-        provision = self.provisioner.entries()
-        if provision:
-            # Installs move between discoveries; a changed entry changes the hash, so it goes with this beat.
-            inventory = msgspec.structs.replace(inventory, provision=provision)
-            digest = inventory_hash(inventory)
+        inventory, digest = self.with_provision()
         if with_inventory is None:
             with_inventory = digest != self.acknowledged_hash or self.inventory_wanted
         return protocol.Heartbeat(
@@ -201,6 +197,23 @@ class Agent:
             shards=self.runner.statuses(),
             sent_at=time.time(),
         )
+
+    def with_provision(self) -> tuple[protocol.Inventory, str]:
+        """The discovered inventory with the installs as they stand now, and its hash.
+
+        Installs move between discoveries; a changed entry changes the hash, so it goes with the next
+        beat. The hash is computed again only when the installs or the discovered inventory changed."""
+        discovered = self.discovered
+        provision = self.provisioner.entries()
+        if not provision:
+            return discovered
+        last = self._provisioned
+        if last is not None and last[0] is discovered and last[1] == provision:
+            return last[2]
+        inventory = msgspec.structs.replace(discovered[0], provision=provision)
+        result = (inventory, inventory_hash(inventory))
+        self._provisioned = (discovered, provision, result)
+        return result
 
     def beat_once(self) -> protocol.HeartbeatReply:
         """Register if need be, send the newest load, apply the reply. Raises Unavailable, Rejected."""
