@@ -65,6 +65,8 @@ class Config(_Strict):
     env: dict[str, str] = {}
     # Where engines get cgroups of their own: "" finds the agent's delegated cgroup, "none" uses none.
     cgroup_root: str = ""
+    # Where engine builds are kept for every agent on the machine; empty: ~/.cache/llmgw/engines.
+    engine_cache: str = ""
 
     @property
     def engine_commands(self) -> dict[str, list[str]]:

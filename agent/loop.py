@@ -18,6 +18,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import requests
 
 from agent import cgroups, leftovers, protocol
@@ -26,6 +27,7 @@ from agent.client import ControlPlane, Rejected, TokenStore, Unauthorized, Unava
 from agent.discovery import Discoverer, inventory_hash
 from agent.load import Sampler
 from agent.procfs import REAL, Roots
+from agent.provision import Provisioner, Want
 from agent.runner import Runner
 
 log = logging.getLogger("agent")
@@ -46,6 +48,9 @@ class Tuning:
     tick: float = 1.0
     # While beats keep failing, say so at most this often.
     quiet_for: float = 60.0
+    # A failed engine install is tried again after this, doubling up to the cap.
+    install_backoff_base: float = 60.0
+    install_backoff_cap: float = 3600.0
 
 
 class Agent:
@@ -72,6 +77,16 @@ class Agent:
         )
         self.client = ControlPlane(config.control_plane, tuning.connect_timeout, tuning.read_timeout, session)
         self.tokens = TokenStore(self.state_dir)
+        self.provisioner = Provisioner(
+            self.state_dir / "engines",
+            cache=Path(config.engine_cache) if config.engine_cache else None,
+            env=config.env,
+            # Only engines the operator named are taken as installed; the default probes are guesses.
+            operator_binaries=config.engine_commands if config.engines is not None else {},
+            gpus=lambda: len(self.discovered[0].gpus),
+            backoff_base=tuning.install_backoff_base,
+            backoff_cap=tuning.install_backoff_cap,
+        )
         self.configured_shards = agent_config.shard_specs(config)
 
         self.started = False
@@ -82,6 +97,7 @@ class Agent:
         # One attribute, swapped whole, so a reader never pairs one inventory with another's hash.
         self.discovered: tuple[protocol.Inventory, str] = (protocol.Inventory(), "")
         self.acknowledged_hash = ""
+        self._provisioned: tuple | None = None  # (discovered, provision, result) of with_provision's last
         self.inventory_wanted = False
         self.token: str | None = None
         # This run's name and its heartbeats' numbers (docs/protocol.md): the control plane
@@ -126,6 +142,7 @@ class Agent:
             self._sample_loop()
         finally:
             self.stop()
+            self.provisioner.stop()
             log.info("stopping: sending SIGTERM to every engine group")
             self.runner.stop_all()
             for thread in threads:
@@ -185,7 +202,7 @@ class Agent:
     # -- heartbeats ----------------------------------------------------------------------------
 
     def heartbeat_message(self, load: protocol.Load | None, with_inventory: bool | None = None) -> protocol.Heartbeat:
-        inventory, digest = self.discovered
+        inventory, digest = self.with_provision()
         if with_inventory is None:
             with_inventory = digest != self.acknowledged_hash or self.inventory_wanted
         return protocol.Heartbeat(
@@ -197,6 +214,23 @@ class Agent:
             boot_id=self.boot_id,
             seq=next(self._numbers),
         )
+
+    def with_provision(self) -> tuple[protocol.Inventory, str]:
+        """The discovered inventory with the installs as they stand now, and its hash.
+
+        Installs move between discoveries; a changed entry changes the hash, so it goes with the next
+        beat. The hash is computed again only when the installs or the discovered inventory changed."""
+        discovered = self.discovered
+        provision = self.provisioner.entries()
+        if not provision:
+            return discovered
+        last = self._provisioned
+        if last is not None and last[0] is discovered and last[1] == provision:
+            return last[2]
+        inventory = msgspec.structs.replace(discovered[0], provision=provision)
+        result = (inventory, inventory_hash(inventory))
+        self._provisioned = (discovered, provision, result)
+        return result
 
     def beat_once(self) -> protocol.HeartbeatReply:
         """Register if need be, send the newest load, apply the reply. Raises Unavailable, Rejected."""
@@ -243,6 +277,8 @@ class Agent:
     def _apply(self, reply: protocol.HeartbeatReply) -> None:
         self.inventory_wanted = reply.inventory_wanted
         self._set_interval(reply.heartbeat_interval)
+        if reply.engines is not None:
+            self.provisioner.want([Want(e.engine, e.version, e.variant) for e in reply.engines])
         # None: the control plane does not manage shards, so the config's run; a list: exactly those.
         self.runner.reconcile(self.configured_shards if reply.shards is None else self._runnable(reply.shards))
 
@@ -253,6 +289,12 @@ class Agent:
             if not agent_config.valid_id(spec.shard) or not spec.command:
                 self._complain("ignoring shard %r from the control plane: bad id or empty command", spec.shard)
                 continue
+            if self.provisioner.wanted(spec.engine):
+                installed = self.provisioner.ready(spec.engine)
+                if installed is None:
+                    # Started now it would fail for want of its binary, and restart in a loop until the build ends.
+                    continue
+                spec = with_engine_on_path(spec, installed, self.runner.env)
             runnable.append(spec)
         return runnable
 
@@ -306,3 +348,9 @@ class Agent:
         """Full jitter: uniform up to an exponentially growing ceiling, so a fleet does not return in step."""
         ceiling = min(self.tuning.backoff_cap, self.tuning.backoff_base * 2 ** min(self.beats_failed - 1, 30))
         return random.uniform(0, ceiling)
+
+
+def with_engine_on_path(spec: protocol.ShardSpec, bin_dir: Path, env: dict[str, str]) -> protocol.ShardSpec:
+    """The spec with the installed engine first on its PATH: the control plane's commands name programs, not paths."""
+    path = spec.env.get("PATH") or env.get("PATH", "/usr/bin:/bin")
+    return msgspec.structs.replace(spec, env={**spec.env, "PATH": f"{bin_dir}:{path}"})

@@ -219,6 +219,14 @@ class ShardSpec(Struct, omit_defaults=False):
     port: int = 0
 
 
+class EngineWant(Struct, omit_defaults=False):
+    """An engine the control plane wants installed on this node; empty version and variant: llmgw's defaults."""
+
+    engine: str
+    version: str = ""
+    variant: str = ""
+
+
 class HeartbeatReply(Struct, omit_defaults=False):
     """The answer to a heartbeat."""
 
@@ -226,6 +234,8 @@ class HeartbeatReply(Struct, omit_defaults=False):
     heartbeat_interval: float
     inventory_wanted: bool
     shards: list[ShardSpec] | None = None
+    # None: the control plane does not manage engines (an older one); a list: exactly these.
+    engines: list[EngineWant] | None = None
 
 
 class Rejection(Struct, omit_defaults=False):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import http.client
 import logging
 import os
 import shutil
@@ -23,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import cgroups, leftovers, protocol
+from agent import cgroups, engine_templates, leftovers, protocol
 
 log = logging.getLogger("agent.runner")
 
@@ -241,7 +242,9 @@ class Runner:
         leftovers.signal_group(shard.process.pid, signal.SIGKILL)
         shard.exit_code = code
         shard.state = "exited"
-        shard.detail = f"exited with code {code}" if code >= 0 else f"killed by signal {-code}"
+        why = f"exited with code {code}" if code >= 0 else f"killed by signal {-code}"
+        # The engine's last words are usually why it stopped (a model it could not load, a port in use).
+        shard.detail = with_tail(why, self.log_dir / f"{shard.spec.shard}.log")
         self._schedule_restart(shard)
         log.warning("shard %s: %s; restarting in %.1f s", shard.spec.shard, shard.detail, shard.next_start - now)
 
@@ -301,11 +304,48 @@ class Runner:
 
 
 def _ready(shard: Shard) -> bool:
-    """Running once the engine accepts connections on its port; a shard without a port once it is alive."""
+    """Running once the engine answers: a known engine's /health says 200 (llama-server and vLLM open
+    their port before the model is loaded), another engine accepts connections on its port; a shard
+    without a port once it is alive."""
     if not shard.spec.port:
         return True
+    if shard.spec.engine in engine_templates.TEMPLATES:
+        return _healthy(shard.spec.port)
     try:
         with socket.create_connection(("127.0.0.1", shard.spec.port), timeout=0.05):
             return True
     except OSError:
         return False
+
+
+def _healthy(port: int) -> bool:
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=0.1)
+    try:
+        connection.request("GET", "/health")
+        return connection.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+
+
+TAIL_BYTES = 4096
+
+
+def with_tail(head: str, log: Path) -> str:
+    """`head`, then the end of the engine's log, as much as a status's detail holds."""
+    try:
+        with open(log, "rb") as handle:
+            handle.seek(max(handle.seek(0, os.SEEK_END) - TAIL_BYTES, 0))
+            lines = handle.read().decode(errors="replace").splitlines()
+    except OSError:
+        return head
+    kept: list[str] = []
+    room = protocol.MAX_DETAIL - len(head) - 1
+    for line in reversed([line for line in lines if line.strip()]):
+        line = line[:200]
+        if len(line) + 1 > room:
+            break
+        kept.insert(0, line)
+        room -= len(line) + 1
+    return "\n".join([head, *kept])

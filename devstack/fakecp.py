@@ -20,6 +20,7 @@ class FakeControlPlane:
         self.interval = interval
         self.mode = "ok"
         self.shards: list[protocol.ShardSpec] | None = None
+        self.engines: list[protocol.EngineWant] | None = None
         self.inventory_wanted = False
         self.tokens: dict[str, str] = {}  # node token -> node id
         # Bounded, so a long failing run measures the agent's memory and not ours.
@@ -108,6 +109,7 @@ class FakeControlPlane:
                         heartbeat_interval=plane.interval,
                         inventory_wanted=plane.inventory_wanted,
                         shards=plane.shards,
+                        engines=plane.engines,
                     ),
                 )
 

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent import protocol
-from inventory.models import RUN_STATES, Deployment, Engine, ReplicaState, Shard
+from agent import engine_templates, protocol
+from inventory.models import RUN_STATES, Deployment, ReplicaState, Shard
 from inventory.replicas import apply_reports, read_reports
 from livestate import shardlists
 from livestate.shardlists import CachedShards, ReplicaName, ShardFacts
 
 # Engines listen on every address: Prometheus and clients reach them from elsewhere.
-LISTEN = "0.0.0.0"
 
 
 def from_cache(
@@ -122,32 +121,20 @@ def shard_spec(shard: Shard, leader: str = "") -> protocol.ShardSpec:
     )
 
 
+def launch(deployment: Deployment, shard: Shard, leader: str = "") -> engine_templates.Launch:
+    """What a shard's command depends on, read from its deployment's profile and its placement."""
+    return engine_templates.Launch(
+        model=deployment.model_source,
+        port=shard.port,
+        threads=deployment.cpu_cores_per_shard,
+        gpus=deployment.gpus_per_shard,
+        shards=deployment.shards_per_replica,
+        shard_index=shard.index,
+        leader=leader,
+        extra=tuple(deployment.argv()),
+    )
+
+
 def command(deployment: Deployment, shard: Shard, leader: str = "") -> list[str]:
-    """The engine's command line for one shard, from its engine's template and the deployment's arguments."""
-    model, port, extra = deployment.model_source, str(shard.port), deployment.argv()
-    gpus = deployment.gpus_per_shard
-    shards = deployment.shards_per_replica
-    match deployment.engine:
-        case Engine.VLLM:
-            argv = ["vllm", "serve", model, "--host", LISTEN, "--port", port]
-            if gpus > 1:
-                argv += ["--tensor-parallel-size", str(gpus)]
-            if shards > 1:
-                argv += ["--pipeline-parallel-size", str(shards)]
-        case Engine.SGLANG:
-            argv = ["python3", "-m", "sglang.launch_server", "--model-path", model, "--host", LISTEN, "--port", port]
-            if gpus > 1:
-                argv += ["--tp-size", str(gpus)]
-            if shards > 1:
-                argv += ["--nnodes", str(shards), "--node-rank", str(shard.index), "--dist-init-addr", leader]
-        case Engine.LLAMA_CPP:
-            argv = ["llama-server", "--model", model, "--host", LISTEN, "--port", port, "--metrics"]
-            if deployment.cpu_cores_per_shard:
-                argv += ["--threads", str(deployment.cpu_cores_per_shard)]
-            if gpus:
-                argv += ["--n-gpu-layers", "999"]
-        case Engine.DEMO:
-            argv = ["python3", "-m", "agent.demo_engine", "--host", LISTEN, "--port", port, "--model", model]
-        case _:
-            return [word.replace("{port}", port).replace("{model}", model) for word in extra]
-    return argv + extra
+    """The engine's command line for one shard, from the templates the agent uses too (agent/engine_templates.py)."""
+    return engine_templates.command(deployment.engine, launch(deployment, shard, leader))

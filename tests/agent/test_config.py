@@ -56,7 +56,17 @@ KEY_CASES = {
                     "r1",
                     "vllm",
                     "/models/llama",
-                    ["/opt/vllm/bin/vllm", "serve", "/models/llama", "--port", "8100", "--tensor-parallel-size", "2"],
+                    [
+                        "/opt/vllm/bin/vllm",
+                        "serve",
+                        "/models/llama",
+                        "--host",
+                        "0.0.0.0",
+                        "--port",
+                        "8100",
+                        "--tensor-parallel-size",
+                        "2",
+                    ],
                     {"CUDA_VISIBLE_DEVICES": "0,1"},
                     8100,
                 )
@@ -65,6 +75,7 @@ KEY_CASES = {
     ),
     "env": (BASE + "env:\n  HF_HOME: /models/cache\n", lambda c, tmp: c.env == {"HF_HOME": "/models/cache"}),
     "cgroup_root": (BASE + "cgroup_root: {tmp}/cg\n", lambda c, tmp: c.cgroup_root == f"{tmp}/cg"),
+    "engine_cache": (BASE + "engine_cache: /srv/llmgw-cache\n", lambda c, tmp: c.engine_cache == "/srv/llmgw-cache"),
 }
 
 
@@ -128,9 +139,18 @@ def test_engine_templates(tmp_path):
         + "  - {shard: c, engine: command, command: [/bin/my-engine, --serve], args: [--fast]}\n",
     )
     commands = {s.shard: s.command for s in agent_config.shard_specs(config)}
-    assert commands["l"] == ["llama-server", "--model", "/m/q4.gguf", "--port", "8200", "--metrics"]
+    assert commands["l"] == [
+        "llama-server",
+        "--model",
+        "/m/q4.gguf",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8200",
+        "--metrics",
+    ]
     assert commands["s"][:3] == ["python3", "-m", "sglang.launch_server"]
-    assert commands["s"][3:] == ["--model-path", "/m/qwen", "--port", "8300", "--enable-metrics"]
+    assert commands["s"][3:] == ["--model-path", "/m/qwen", "--host", "0.0.0.0", "--port", "8300", "--enable-metrics"]
     assert commands["c"] == ["/bin/my-engine", "--serve", "--fast"]
 
 

@@ -3,6 +3,7 @@
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -172,6 +173,58 @@ def test_starting_until_the_port_answers(runner, tmp_path):
     assert status(runner, "a").state == "starting"
     assert status(runner, "a").metrics_port == port
     wait_until(lambda: polled(runner, lambda: status(runner, "a").state == "running"), 10, "the port to answer")
+
+
+HEALTH_AFTER_FILE = """
+import http.server, os, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        loaded = os.path.exists(sys.argv[2])
+        self.send_response(200 if self.path == "/health" and loaded else 503)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def port_open(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.1).close()
+        return True
+    except OSError:
+        return False
+
+
+def test_a_known_engine_is_starting_until_its_health_endpoint_says_ok(runner, tmp_path):
+    from devstack.ports import free_port
+
+    port, loaded = free_port(), tmp_path / "loaded"
+    (tmp_path / "engine.py").write_text(HEALTH_AFTER_FILE)
+    command = [sys.executable, str(tmp_path / "engine.py"), str(port), str(loaded)]
+    runner.reconcile(
+        [protocol.ShardSpec(shard="a", replica="r", model="m", engine="llama.cpp", command=command, port=port)]
+    )
+    # The port answers (503: the model is loading) and the shard is still starting.
+    wait_until(lambda: port_open(port), 10, "the port to open")
+    runner.poll()
+    assert status(runner, "a").state == "starting"
+    loaded.touch()
+    wait_until(lambda: polled(runner, lambda: status(runner, "a").state == "running"), 10, "the health check")
+
+
+def test_an_exited_engine_reports_its_last_lines(runner):
+    runner.reconcile([spec("a", "echo loading; echo 'error: model file is corrupt' >&2; exit 3")])
+    wait_until(lambda: polled(runner, lambda: status(runner, "a").exit_code == 3), 10, "the exit")
+    assert status(runner, "a").detail.startswith("exited with code 3\nloading\nerror: model file is corrupt")
+
+
+def test_the_detail_keeps_the_end_of_a_long_log(tmp_path):
+    log = tmp_path / "a.log"
+    log.write_text("".join(f"line {i}\n" for i in range(10_000)))
+    detail = runner_module.with_tail("exited with code 1", log)
+    assert len(detail) <= protocol.MAX_DETAIL
+    assert detail.startswith("exited with code 1\nline ") and detail.endswith("\nline 9999")
 
 
 def test_groups_left_by_a_killed_agent_are_stopped_by_the_next(tmp_path):

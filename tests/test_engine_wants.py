@@ -1,0 +1,44 @@
+"""The control plane's half of provisioning: which engines a node is asked for, and what it reported."""
+
+from __future__ import annotations
+
+import pytest
+
+from agent import protocol
+from inventory.engine_wants import install_state, wants
+from inventory.models import Deployment, Engine, EngineInstall, Node, Replica, Shard
+
+
+def shard_of(engine: str, gpus: int) -> Shard:
+    # wants() reads only each shard's deployment: unsaved rows are enough.
+    return Shard(replica=Replica(deployment=Deployment(engine=engine, model_source="/m", gpus_per_shard=gpus)))
+
+
+def test_a_node_is_asked_for_the_engines_of_its_shards_once_each_with_the_variant_its_profile_needs():
+    shards = [
+        shard_of(Engine.LLAMA_CPP, 1),
+        shard_of(Engine.LLAMA_CPP, 1),
+        shard_of(Engine.LLAMA_CPP, 0),
+        shard_of(Engine.SGLANG, 2),
+        shard_of(Engine.DEMO, 0),
+        shard_of(Engine.COMMAND, 0),
+    ]
+    assert wants(shards) == [
+        protocol.EngineWant(engine="llama.cpp", variant="cpu"),
+        protocol.EngineWant(engine="llama.cpp", variant="cuda"),
+        protocol.EngineWant(engine="sglang", variant="cuda"),
+    ]
+    assert wants([]) == []
+
+
+@pytest.mark.django_db
+def test_the_install_state_is_what_the_agent_reported_the_most_hopeful_variant_first():
+    a = Node.objects.create(id="a", hostname="a.example")
+    assert install_state("a", "llama.cpp") == ("", "")
+    EngineInstall.objects.create(node=a, engine="llama.cpp", variant="cuda", state="unsupported", detail="no GPU")
+    EngineInstall.objects.create(node=a, engine="llama.cpp", variant="cpu", state="failed", detail="exit 2")
+    assert install_state("a", "llama.cpp") == ("failed", "exit 2")
+    EngineInstall.objects.create(node=a, engine="llama.cpp", version="0.3.36", variant="cpu", state="ready")
+    assert install_state("a", "llama.cpp") == ("ready", "")
+    # Engines llmgw does not install need nothing.
+    assert install_state("a", "demo") == ("ready", "")
