@@ -67,7 +67,9 @@ def fetch(base_url: str | None = None) -> Firing:
         try:
             listed = promshape.alerts(body)
         except promshape.WrongShape as exc:
-            raise promquery.PrometheusUnavailable(f"Prometheus at {base} answered in an unexpected shape: {exc}")
+            raise promquery.PrometheusUnavailable(
+                f"Prometheus at {base} answered in an unexpected shape: {exc}"
+            ) from None
     except promquery.PrometheusUnavailable as exc:
         return Firing(problem=str(exc))
     alerts = [
