@@ -154,21 +154,10 @@
     }
   }
 
-  // A refresh replaces the whole section; its charts are drawn only after, so for a
-  // moment the page is shorter and the browser would move what the reader is looking
-  // at. Where the window was before the swap, it is again once the charts are drawn.
-  let scrollBeforeSwap = null;
-  document.addEventListener("htmx:beforeSwap", (event) => {
-    if (event.detail.target && event.detail.target.id === "node-charts") scrollBeforeSwap = [window.scrollX, window.scrollY];
-  });
-
-  document.addEventListener("htmx:load", (event) => {
-    draw(event.detail.elt);
-    if (scrollBeforeSwap && event.detail.elt.id === "node-charts") {
-      window.scrollTo(scrollBeforeSwap[0], scrollBeforeSwap[1]);
-      scrollBeforeSwap = null;
-    }
-  });
+  // htmx fires htmx:load in the same task as the swap, so the new charts are drawn
+  // before the browser lays the page out again: a refresh never shortens the page
+  // under the reader, and the window keeps its place (tests/browser/test_node_history.py).
+  document.addEventListener("htmx:load", (event) => draw(event.detail.elt));
 
   // htmx swaps in only a successful answer, and the charts section keeps polling on
   // its own trigger either way; a failed try only needs saying, in place of the
