@@ -154,9 +154,10 @@
     }
   }
 
-  // htmx fires htmx:load in the same task as the swap, so the new charts are drawn
-  // before the browser lays the page out again: a refresh never shortens the page
-  // under the reader, and the window keeps its place (tests/browser/test_node_history.py).
+  // The charts section swaps with `settle:0ms`, so htmx fires htmx:load in the same
+  // task as the swap and the new charts are drawn before the browser lays the page out
+  // again: a refresh never shortens the page under the reader, and the window keeps
+  // its place. (With htmx's default 20 ms settle, the page is briefly chart-less.)
   document.addEventListener("htmx:load", (event) => draw(event.detail.elt));
 
   // htmx swaps in only a successful answer, and the charts section keeps polling on
