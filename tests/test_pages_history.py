@@ -82,6 +82,8 @@ def test_the_page_links_each_range_and_hands_the_chosen_one_to_its_charts(viewer
     assert 'hx-get="/nodes/ready-1/charts/?range=24h" hx-trigger="load, every 30s"' in html
     default = viewer_client.get("/nodes/ready-1/").content.decode()
     assert 'id="range-1h" href="?range=1h" aria-current="page"' in default
+    # A template comment over several lines once showed on the page as text.
+    assert "{#" not in html and "Loaded after the page" not in html
 
 
 def test_an_unknown_range_falls_back_to_an_hour_and_says_so(viewer_client, cluster):
