@@ -152,4 +152,4 @@ def test_a_selection_in_the_table_holds_its_refresh_until_it_ends(clocked, live_
 
     page.evaluate("window.getSelection().removeAllRanges()")
     page.clock.run_for(TABLE_POLL_MS)
-    page.wait_for_function("!window.__row.isConnected")
+    page.wait_for_function("() => !window.__row.isConnected")
