@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from threading import Thread
@@ -179,3 +181,23 @@ def test_one_call_per_render_and_kept_briefly(viewer_client, cluster, settings):
         assert '<time datetime="2026-12-01T10:00:00.123456+00:00">' in node
     finally:
         server.stop()
+
+
+def test_a_hanging_prometheus_costs_one_short_wait_per_max_age(settings):
+    """Accepts connections and never answers. The failure is kept like an answer, so the
+    cluster table's refreshes do not each wait for it."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(16)
+    try:
+        settings.PROMETHEUS_URL = f"http://127.0.0.1:{listener.getsockname()[1]}"
+        started = time.monotonic()
+        first = promalerts.firing()
+        waited = time.monotonic() - started
+        assert first.problem == f"Prometheus at {settings.PROMETHEUS_URL} did not answer within 1 s"
+        assert promalerts.TIMEOUT <= waited < promalerts.TIMEOUT + 1
+        started = time.monotonic()
+        assert promalerts.firing() is first
+        assert time.monotonic() - started < 0.1
+    finally:
+        listener.close()

@@ -63,7 +63,7 @@ def fetch(base_url: str | None = None) -> Firing:
     """Ask Prometheus now; a failure becomes `problem`, in words for the page."""
     deadline = time.monotonic() + TIMEOUT
     try:
-        base, body = promquery.api_get("/api/v1/alerts", base_url, deadline)
+        base, body = promquery.api_get("/api/v1/alerts", base_url, deadline, TIMEOUT)
         try:
             listed = promshape.alerts(body)
         except promshape.WrongShape as exc:

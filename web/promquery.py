@@ -140,18 +140,18 @@ def node_charts(node_id: str) -> list[ChartSpec]:
     ]
 
 
-def api_get(path: str, base_url: str | None, deadline: float) -> tuple[str, dict]:
+def api_get(path: str, base_url: str | None, deadline: float, timeout: float = TIMEOUT) -> tuple[str, dict]:
     """GET one of Prometheus' API paths by `deadline`; returns its base URL and the successful answer.
 
     Raises PrometheusUnavailable, saying why, when Prometheus cannot be reached,
     refuses, answers something that is not its API, or has not finished by
-    `deadline` (a `time.monotonic()` value).
+    `deadline` (a `time.monotonic()` value, `timeout` seconds after the caller began).
     """
     base = (base_url or settings.PROMETHEUS_URL).rstrip("/")
     try:
         status, raw = promhttp.get(f"{base}{path}", deadline)
     except promhttp.DeadlinePassed:
-        raise PrometheusUnavailable(f"Prometheus at {base} did not answer within {TIMEOUT:g} s") from None
+        raise PrometheusUnavailable(f"Prometheus at {base} did not answer within {timeout:g} s") from None
     except promhttp.NotHTTP:
         raise PrometheusUnavailable(f"Prometheus at {base} answered something that is not HTTP") from None
     except promhttp.TooLarge:
