@@ -12,6 +12,7 @@ from django.utils import timezone
 from devstack.polling import wait_until
 from devstack.ports import free_port
 from inventory.models import NodeEvent
+from tests.factories import place
 from tests.prometheus import ExpositionServer, PrometheusServer
 from web import promquery
 from web.views.node import MARKERS_SHOWN
@@ -147,3 +148,11 @@ def test_markers_are_the_newest_of_a_busy_range(viewer_client, cluster, settings
     assert html.count('<li id="event-') == MARKERS_SHOWN
     assert "→ s1<" in html
     assert f"→ s{MARKERS_SHOWN + 1}<" not in html
+
+
+def test_a_shard_placed_on_the_node_is_an_event(viewer_client, cluster, settings):
+    settings.PROMETHEUS_URL = f"http://127.0.0.1:{free_port()}"
+    place("llama", {"ready-1": [0]})
+    html = viewer_client.get("/nodes/ready-1/charts/?range=1h", **HTMX).content.decode()
+    assert "Shard llama-r1-s0 (llama): placed" in html
+    assert "Shard llama-r1-s0" not in viewer_client.get("/nodes/lost-1/charts/?range=1h", **HTMX).content.decode()
