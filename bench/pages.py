@@ -10,13 +10,22 @@ process: the time a gunicorn worker would spend, without the network.
 The fleet's CPU, RAM and GPU totals are shared through Redis for 5 s, so most
 requests read them and one request in each 5 s recomputes them; both cases are
 measured (`totals_recomputed` is the second).
+
+The node page's charts over 7 days come from a real Prometheus (Debian's) whose
+storage holds a week of that node's figures, written with `promtool tsdb
+create-blocks-from openmetrics`, and the node has an event every hour of the week
+for the charts' markers. The time measured is the charts answer's whole server
+time: six range queries to Prometheus at a 900 s step, aligning, the events, the
+template. The cluster page asks that Prometheus for its alerts too.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -28,6 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 ROUNDS = 15
 WARMUP = 3
+WEEK = 7 * 86400
+# A week of a node's figures at the agent's heartbeat period would be 120,000 samples a
+# series; one a minute gives Prometheus the same points to pick at a 900 s step.
+BACKFILL_STEP = 60
+FIRST_NODE = "s1000-00000"
 
 
 def median_ms(client, url: str, before=None, **extra) -> tuple[float, float]:
@@ -51,6 +65,56 @@ def median_ms(client, url: str, before=None, **extra) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
+def week_of_figures(node_id: str, now: float) -> str:
+    """OpenMetrics text holding a week of the node page's series for one node, a sample a minute."""
+    families = {
+        "llmgw_node_cpu_utilization_percent": [("", lambda i: 30 + i % 50)],
+        "llmgw_node_memory_used_bytes": [("", lambda i: 2**37 + (i % 97) * 2**30)],
+        "llmgw_node_memory_available_bytes": [("", lambda i: 2**38)],
+        "llmgw_node_load": [(f',window="{w}"', lambda i, w=w: 1 + (i % 13) / w) for w in (1, 5, 15)],
+        "llmgw_shard_cpu_cores": [(',model="llama-3-70b",shard="s0"', lambda i: 2 + i % 5)],
+        "llmgw_shard_memory_bytes": [(',model="llama-3-70b",shard="s0"', lambda i: 2**35)],
+    }
+    start = int(now) - WEEK - 3600
+    lines = []
+    for name, series in families.items():
+        lines.append(f"# TYPE {name} gauge")
+        for labels, value in series:
+            for i, t in enumerate(range(start, int(now) - 120, BACKFILL_STEP)):
+                lines.append(f'{name}{{node="{node_id}"{labels}}} {value(i)} {t}')
+    lines.append("# EOF")
+    return "\n".join(lines) + "\n"
+
+
+def prometheus_with_a_week(workdir: Path, node_id: str):
+    """A real Prometheus whose storage already holds a week of `node_id`'s figures."""
+    from devstack.ports import free_port
+    from tests.prometheus import PrometheusServer
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        raise RuntimeError("promtool is not installed: apt-get install prometheus")
+    source = workdir / "week.om"
+    source.write_text(week_of_figures(node_id, time.time()))
+    # Nothing listens at the scrape target: the week in storage is all it holds.
+    server = PrometheusServer(workdir / "prometheus", f"127.0.0.1:{free_port()}", interval="15s")
+    (workdir / "prometheus").mkdir(parents=True, exist_ok=True)
+    subprocess.run(
+        [
+            promtool,
+            "tsdb",
+            "create-blocks-from",
+            "openmetrics",
+            "--quiet",
+            str(source),
+            str(workdir / "prometheus" / "data"),
+        ],
+        check=True,
+        timeout=300,
+    )
+    return server.start()
+
+
 def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="llmgw-bench-pages-"))
     redis_server = RedisServer(workdir / "redis").start()
@@ -65,9 +129,13 @@ def main() -> int:
         }
     )
     os.environ.setdefault("DATABASE_URL", f"sqlite:///{workdir / 'bench.sqlite3'}")
+    # The first node of the fleet run() makes: the one whose page is timed.
+    prometheus = prometheus_with_a_week(workdir, FIRST_NODE)
+    os.environ["PROMETHEUS_URL"] = prometheus.url
     try:
         return run()
     finally:
+        prometheus.stop()
         redis_server.stop()
 
 
@@ -75,12 +143,14 @@ def run() -> int:
     import django
 
     django.setup()
+    from datetime import UTC, datetime
+
     from django.contrib.auth.models import User
     from django.core.management import call_command
     from django.test import Client
 
     import livestate
-    from inventory.models import Node
+    from inventory.models import Node, NodeEvent
     from tests.factories import make_fleet
     from web.views.summary import TOTALS_KEY
 
@@ -121,8 +191,19 @@ def run() -> int:
         record(f"cluster_partial_sorted_by_cpu_{label}_nodes", median_ms(client, "/?sort=-cpu", **htmx), None)
         record(f"cluster_partial_filtered_{label}_nodes", median_ms(client, "/?state=ready&label=zone=a", **htmx), None)
     node = Node.objects.order_by("id").values_list("id", flat=True).first()
+    assert node == FIRST_NODE, node
     record("node_page_10_000_nodes", median_ms(client, f"/nodes/{node}/"), None)
     record("node_live_partial_10_000_nodes", median_ms(client, f"/nodes/{node}/", **htmx), None)
+    # An event an hour for the week: 168 markers on each chart.
+    now = time.time()
+    NodeEvent.objects.bulk_create(
+        NodeEvent(node_id=node, at=datetime.fromtimestamp(now - h * 3600, UTC), kind="liveness", to_state="alive")
+        for h in range(1, 169)
+    )
+    record("node_page_7d_10_000_nodes", median_ms(client, f"/nodes/{node}/?range=7d"), 150)
+    record("node_charts_7d_10_000_nodes", median_ms(client, f"/nodes/{node}/charts/?range=7d", **htmx), 300)
+    charts = client.get(f"/nodes/{node}/charts/?range=7d", secure=True, **htmx).content.decode()
+    assert "History is unavailable" not in charts, charts[:2000]
 
     print(f"pages: server time, median of {ROUNDS} requests after {WARMUP} warm-up, database {engine()}")
     print()

@@ -55,7 +55,14 @@ class ExpositionServer:
 class PrometheusServer:
     """Debian's prometheus on a free port, scraping one target every `interval` seconds."""
 
-    def __init__(self, workdir: Path, target: str, interval: str = "1s", metrics_path: str = "/metrics"):
+    def __init__(
+        self,
+        workdir: Path,
+        target: str,
+        interval: str = "1s",
+        metrics_path: str = "/metrics",
+        rules: Path | None = None,
+    ):
         binary = shutil.which("prometheus")
         if binary is None:
             raise RuntimeError("prometheus is not installed: apt-get install prometheus")
@@ -65,6 +72,8 @@ class PrometheusServer:
         self.target = target
         self.interval = interval
         self.metrics_path = metrics_path
+        # A rules file to evaluate every `interval`, so an alert without `for:` fires within a second or two.
+        self.rules = rules
         self.process: subprocess.Popen | None = None
 
     @property
@@ -77,7 +86,9 @@ class PrometheusServer:
         config.write_text(
             "global:\n"
             f"  scrape_interval: {self.interval}\n"
-            "scrape_configs:\n"
+            f"  evaluation_interval: {self.interval}\n"
+            + (f"rule_files: ['{self.rules}']\n" if self.rules else "")
+            + "scrape_configs:\n"
             "  - job_name: llmgw\n"
             f"    metrics_path: {self.metrics_path}\n"
             "    static_configs:\n"

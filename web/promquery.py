@@ -1,4 +1,4 @@
-"""An hour of a node's history from Prometheus, for the node page's charts.
+"""A node's history from Prometheus over a chosen range, for the node page's charts.
 
 The server asks Prometheus (`query_range`) and hands the browser ready series;
 the browser never talks to Prometheus. A page's queries share one 2 s deadline,
@@ -21,6 +21,42 @@ from web import promhttp, promshape
 TIMEOUT = 2.0
 SPAN = 3600
 STEP = 15
+# A chart never asks for more points per series than this: a week at 15 s would be
+# 40,000 points per series, more than a chart can show and Prometheus' 11,000 limit.
+MAX_POINTS = 1000
+# Steps a range may use, smallest first; each divides a minute or an hour evenly, so
+# the grid's points fall on round times.
+STEPS = (15, 30, 60, 120, 300, 600, 900, 1800, 3600)
+
+
+def step_for(span: int) -> int:
+    """The smallest step that keeps `span` within MAX_POINTS points per series."""
+    return next(step for step in STEPS if span // step + 1 <= MAX_POINTS)
+
+
+@dataclass(frozen=True)
+class TimeRange:
+    """One of the ranges the node page offers; `key` is what the URL carries (`?range=6h`)."""
+
+    key: str
+    label: str
+    span: int
+
+    @property
+    def step(self) -> int:
+        return step_for(self.span)
+
+
+RANGES = {
+    r.key: r
+    for r in (
+        TimeRange("1h", "1 h", 3600),
+        TimeRange("6h", "6 h", 6 * 3600),
+        TimeRange("24h", "24 h", 24 * 3600),
+        TimeRange("7d", "7 d", 7 * 86400),
+    )
+}
+DEFAULT_RANGE = RANGES["1h"]
 
 
 class PrometheusUnavailable(Exception):
@@ -104,22 +140,18 @@ def node_charts(node_id: str) -> list[ChartSpec]:
     ]
 
 
-def query_range(
-    query: str, start: float, end: float, step: float, base_url: str | None = None, deadline: float | None = None
-) -> list[promshape.Series]:
-    """The `result` of one range query (a list of {metric, values}), checked for shape.
+def api_get(path: str, base_url: str | None, deadline: float, timeout: float = TIMEOUT) -> tuple[str, dict]:
+    """GET one of Prometheus' API paths by `deadline`; returns its base URL and the successful answer.
 
     Raises PrometheusUnavailable, saying why, when Prometheus cannot be reached,
-    refuses, answers something of another shape, or has not finished by `deadline`
-    (a `time.monotonic()` value; TIMEOUT from now when not given).
+    refuses, answers something that is not its API, or has not finished by
+    `deadline` (a `time.monotonic()` value, `timeout` seconds after the caller began).
     """
     base = (base_url or settings.PROMETHEUS_URL).rstrip("/")
-    deadline = deadline if deadline is not None else time.monotonic() + TIMEOUT
-    params = urlencode({"query": query, "start": start, "end": end, "step": step})
     try:
-        status, raw = promhttp.get(f"{base}/api/v1/query_range?{params}", deadline)
+        status, raw = promhttp.get(f"{base}{path}", deadline)
     except promhttp.DeadlinePassed:
-        raise PrometheusUnavailable(f"Prometheus at {base} did not answer within {TIMEOUT:g} s") from None
+        raise PrometheusUnavailable(f"Prometheus at {base} did not answer within {timeout:g} s") from None
     except promhttp.NotHTTP:
         raise PrometheusUnavailable(f"Prometheus at {base} answered something that is not HTTP") from None
     except promhttp.TooLarge:
@@ -133,6 +165,20 @@ def query_range(
     if not isinstance(body, dict) or body.get("status") != "success":
         error = body.get("error", "unknown error") if isinstance(body, dict) else "unknown error"
         raise PrometheusUnavailable(f"Prometheus refused the query (HTTP {status}): {error}")
+    return base, body
+
+
+def query_range(
+    query: str, start: float, end: float, step: float, base_url: str | None = None, deadline: float | None = None
+) -> list[promshape.Series]:
+    """The `result` of one range query (a list of {metric, values}), checked for shape.
+
+    Raises PrometheusUnavailable as `api_get` does, or when the answer is of another
+    shape; `deadline` is TIMEOUT from now when not given.
+    """
+    deadline = deadline if deadline is not None else time.monotonic() + TIMEOUT
+    params = urlencode({"query": query, "start": start, "end": end, "step": step})
+    base, body = api_get(f"/api/v1/query_range?{params}", base_url, deadline)
     try:
         return promshape.matrix(body)
     except promshape.WrongShape as exc:
@@ -169,18 +215,21 @@ def align(
     return [name for name, _ in named], [column for _, column in named]
 
 
-def node_history(node_id: str, now: float | None = None, base_url: str | None = None) -> History:
-    """An hour of the node's charts; raises PrometheusUnavailable with the reason.
+def node_history(
+    node_id: str, now: float | None = None, base_url: str | None = None, time_range: TimeRange = DEFAULT_RANGE
+) -> History:
+    """The node's charts over `time_range`; raises PrometheusUnavailable with the reason.
 
     The queries share one deadline: each is a few milliseconds from a healthy
     Prometheus, and one after another they need no threads, so a Prometheus that
     hangs or trickles costs the request TIMEOUT at most and leaves nothing running.
     """
-    times = grid(now if now is not None else time.time())
+    step = time_range.step
+    times = grid(now if now is not None else time.time(), time_range.span, step)
     deadline = time.monotonic() + TIMEOUT
     charts = []
     for spec in node_charts(node_id):
-        result = query_range(spec.query, times[0], times[-1], STEP, base_url, deadline)
+        result = query_range(spec.query, times[0], times[-1], step, base_url, deadline)
         series, values = align(result, times, spec)
         charts.append(Chart(spec.key, spec.title, spec.unit, series, values))
     return History(times=times, charts=charts)

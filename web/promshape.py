@@ -1,4 +1,4 @@
-"""The shape of a Prometheus range-query answer, checked before anything reads it.
+"""The shape of a Prometheus answer (a range query's matrix, the alerts list), checked before anything reads it.
 
 A proxy, an old or a broken Prometheus can answer `"status": "success"` with
 `"data": null`, a list for an object, or a timestamp of "nan"; each of these
@@ -68,4 +68,46 @@ def matrix(body: dict) -> list[Series]:
         _expect(values, list, f"{where}.values")
         points = [_point(point, f"{where}.values[{j}]") for j, point in enumerate(values)]
         checked.append(Series(metric=metric, values=points))
+    return checked
+
+
+class AlertShape(TypedDict):
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    state: str
+    # RFC 3339 as Prometheus writes it; "" when the answer has none.
+    active_at: str
+
+
+def _strings(value: object, where: str) -> dict[str, str]:
+    _expect(value, dict, where)
+    if not all(isinstance(v, str) for v in value.values()):
+        raise WrongShape(f"{where} has a value that is not a string")
+    return value
+
+
+def alerts(body: dict) -> list[AlertShape]:
+    """The alerts of a successful `/api/v1/alerts` answer; raises WrongShape."""
+    data = body.get("data")
+    _expect(data, dict, "data")
+    listed = data.get("alerts")
+    _expect(listed, list, "data.alerts")
+    checked = []
+    for i, alert in enumerate(listed):
+        where = f"data.alerts[{i}]"
+        _expect(alert, dict, where)
+        state = alert.get("state")
+        if not isinstance(state, str):
+            raise WrongShape(f"{where}.state is {_kind(state)}, not a string")
+        active_at = alert.get("activeAt", "")
+        if not isinstance(active_at, str):
+            raise WrongShape(f"{where}.activeAt is {_kind(active_at)}, not a string")
+        checked.append(
+            AlertShape(
+                labels=_strings(alert.get("labels"), f"{where}.labels"),
+                annotations=_strings(alert.get("annotations", {}), f"{where}.annotations"),
+                state=state,
+                active_at=active_at,
+            )
+        )
     return checked

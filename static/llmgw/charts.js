@@ -22,7 +22,7 @@
 
   function colours() {
     const dark = window.matchMedia("(prefers-color-scheme: dark)").matches;
-    return { text: dark ? "#8d96a0" : "#656d76", grid: dark ? "#30363d" : "#e6eaef" };
+    return { text: dark ? "#8d96a0" : "#656d76", grid: dark ? "#30363d" : "#e6eaef", event: dark ? "#e3b341" : "#9a6700" };
   }
 
   function countPoints(values) {
@@ -44,7 +44,70 @@
     return hoveredIdx;
   }
 
-  function plot(figure, chart, times) {
+  // The node's events as vertical lines on every chart, each with a hover area that
+  // shows what happened. The text is the agent's or an operator's: it goes in as
+  // text, never as markup, inside a <bdi> so a right-to-left string stays in its box.
+  // The same events are listed under the charts, which is where a keyboard or a
+  // screen reader finds them; the markers are for the eye and the mouse.
+  function timeText(t) {
+    const d = new Date(t * 1000);
+    const pad = (n) => String(n).padStart(2, "0");
+    return d.getFullYear() + "-" + pad(d.getMonth() + 1) + "-" + pad(d.getDate()) + " " + pad(d.getHours()) + ":" + pad(d.getMinutes()) + ":" + pad(d.getSeconds());
+  }
+
+  function markerElement(key, event) {
+    const marker = document.createElement("span");
+    marker.className = "event-marker";
+    marker.id = "marker-" + key + "-" + event.id;
+    marker.dataset.kind = event.kind;
+    marker.setAttribute("aria-hidden", "true");
+    const tip = document.createElement("span");
+    tip.className = "event-tip";
+    const when = document.createElement("time");
+    when.textContent = timeText(event.t);
+    const text = document.createElement("bdi");
+    text.textContent = event.text;
+    tip.append(when, " ", text);
+    marker.append(tip);
+    return marker;
+  }
+
+  function eventMarkers(key, events, lineColour) {
+    let placed = null;
+    return {
+      hooks: {
+        draw: [(u) => {
+          // Made on the first draw, which comes before uPlot's "ready".
+          if (placed === null) {
+            placed = events.map((event) => [event, u.over.appendChild(markerElement(key, event))]);
+          }
+          const ctx = u.ctx;
+          const { left, top, width, height } = u.bbox;
+          ctx.save();
+          ctx.strokeStyle = lineColour;
+          ctx.lineWidth = Math.max(1, devicePixelRatio);
+          ctx.setLineDash([4 * devicePixelRatio, 3 * devicePixelRatio]);
+          for (const [event, marker] of placed) {
+            const x = Math.round(u.valToPos(event.t, "x", true));
+            const inside = x >= left && x <= left + width;
+            marker.hidden = !inside;
+            if (!inside) continue;
+            ctx.beginPath();
+            ctx.moveTo(x, top);
+            ctx.lineTo(x, top + height);
+            ctx.stroke();
+            // CSSOM, not a style attribute: the site's CSP allows this.
+            const cssX = u.valToPos(event.t, "x");
+            marker.style.left = cssX + "px";
+            marker.classList.toggle("tip-left", cssX > u.over.clientWidth / 2);
+          }
+          ctx.restore();
+        }],
+      },
+    };
+  }
+
+  function plot(figure, chart, times, events) {
     const c = colours();
     const axis = { stroke: c.text, grid: { stroke: c.grid, width: 1 }, ticks: { stroke: c.grid, width: 1 } };
     const options = {
@@ -65,6 +128,7 @@
       scales: { x: { time: true }, y: chart.unit === "percent" ? { range: [0, 100] } : { range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] } },
       legend: { live: true },
       cursor: { dataIdx: nearestPoint },
+      plugins: [eventMarkers(chart.key, events, c.event)],
     };
     const instance = new uPlot(options, [times, ...chart.values], figure);
     new ResizeObserver(() => instance.setSize({ width: Math.max(figure.clientWidth - 16, 200), height: HEIGHT })).observe(figure);
@@ -83,13 +147,17 @@
         // Read by the browser tests: how many points this chart was handed and drew.
         figure.dataset.points = String(countPoints(chart.values));
         if (chart.series.length && typeof uPlot !== "undefined") {
-          plot(figure, chart, data.times);
+          plot(figure, chart, data.times, data.events || []);
           figure.dataset.drawn = "true";
         }
       }
     }
   }
 
+  // The charts section swaps with `settle:0ms`, so htmx fires htmx:load in the same
+  // task as the swap and the new charts are drawn before the browser lays the page out
+  // again: a refresh never shortens the page under the reader, and the window keeps
+  // its place. (With htmx's default 20 ms settle, the page is briefly chart-less.)
   document.addEventListener("htmx:load", (event) => draw(event.detail.elt));
 
   // htmx swaps in only a successful answer, and the charts section keeps polling on

@@ -7,6 +7,8 @@ browser's clock is Playwright's, so thirty seconds pass at once.
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from devstack.ports import free_port
@@ -48,7 +50,8 @@ def test_charts_keep_polling_through_errors_and_recover(clocked_page, live_serve
         else:
             route.continue_()
 
-    page.route("**/nodes/ready-1/charts/", charts)
+    # The charts URL carries the page's range (`?range=1h`).
+    page.route(re.compile(r"/nodes/ready-1/charts/(\?|$)"), charts)
     log_in(page, live_server.url, "operator", "operator-pass", path="/nodes/ready-1/")
     failed = page.locator("#node-charts .charts-failed")
     failed.wait_for()

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET
 
 from inventory.models import GPU, Node, NodeState, state_order
 from inventory.queries import count_per_node, gpu_class_filter, label_filter
+from web import promalerts
 from web.views.access import login_required
 from web.views.loads import fetch_readings, fresh_figures
 from web.views.rows import ROW_FIELDS, node_rows
@@ -52,6 +53,7 @@ COLUMNS = (
     ("node", "id", False),
     ("hostname", "hostname", False),
     ("state", "state", False),
+    ("alerts", None, True),
     ("CPU", "cpu", False),
     ("RAM", "ram", False),
     ("load 1m", "load", True),
@@ -175,9 +177,15 @@ def cluster(request):
     query = TableQuery.from_get(request.GET)
     fleet = summary(now)
     table = table_page(query, now)
+    # One call to Prometheus for the summary and every row, shared for a few seconds.
+    firing = promalerts.firing()
+    per_node = firing.per_node()
+    for row in table["rows"]:
+        row.alerts = per_node.get(row.id, 0)
     context = {
         "query": query,
         "summary": fleet,
+        "firing": firing,
         "load_problem": table["table_problem"] or fleet.problem,
         "columns": query.columns(),
         "states": list(NodeState),

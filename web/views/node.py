@@ -1,28 +1,34 @@
-"""The node page `/nodes/<id>/`: what the node is, what it is doing now, and its last hour.
+"""The node page `/nodes/<id>/`: what the node is, what fires for it, what it is doing now, and its history.
 
-Live numbers (`node-live`) refresh every 5 s; the charts (`node-charts`) load
-after the page and refresh every 30 s from their own URL, so a slow Prometheus
-never holds the page up.
+Live numbers and firing alerts (`node-live`) refresh every 5 s; the charts
+(`node-charts`) load after the page and refresh every 30 s from their own URL,
+over the range the page's URL chose (`?range=6h`), so a slow Prometheus never
+holds the page up. The node's events in that range are drawn on every chart
+and listed below them.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
-from django.http import Http404
+from django.http import Http404, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 from django_htmx.http import HttpResponseStopPolling
 
 from agent.protocol import Load
-from inventory.models import REPLICA_COLOURS, Allocation, Node, ReplicaState, Shard
+from inventory.models import REPLICA_COLOURS, Allocation, Node, NodeEvent, ReplicaState, Shard
 from inventory.operator import ACTIONS
-from web import promquery
+from web import promalerts, promquery
 from web.views.access import login_required
 from web.views.loads import fetch_readings, heartbeat_age
 
 EVENTS_SHOWN = 20
+# Markers a chart draws at most: the newest ones in the range. A week of a flapping
+# node could hold thousands, and past a few hundred lines a chart is only ink.
+MARKERS_SHOWN = 200
 
 
 @dataclass
@@ -92,14 +98,73 @@ def _node(node_id: str) -> Node:
     return get_object_or_404(queryset, pk=node_id)
 
 
+def event_text(event: NodeEvent) -> str:
+    """One line that says what happened, by whom and why, for a marker and the list under the charts."""
+    text = f"{event.get_kind_display()}: {event.from_state or '—'} → {event.to_state or '—'}"
+    if event.reason:
+        text += f" · “{event.reason}”"
+    if event.actor:
+        text += f" — {event.actor}"
+    return text
+
+
+def shard_text(shard_id: str, deployment: str, state: str, reason: str) -> str:
+    """A shard's latest change, said as an event."""
+    text = f"Shard {shard_id} ({deployment}): {ReplicaState(state).label}"
+    return text + (f" · “{reason}”" if reason else "")
+
+
+def events_in(node_id: str, start: float, end: float) -> list[dict]:
+    """What happened on the node from `start` to `end` (epoch seconds), oldest first, at most MARKERS_SHOWN.
+
+    Its `NodeEvent`s (admin and liveness changes, registrations), and the latest
+    change of each shard placed on it (placed, starting, running, failed), which
+    is all of a shard's history the database keeps.
+    """
+    since, until = datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC)
+    node_events = NodeEvent.objects.filter(node_id=node_id, at__gte=since, at__lte=until)[:MARKERS_SHOWN]
+    events = [
+        {"id": f"e{e.pk}", "t": e.at.timestamp(), "at": e.at, "kind": e.kind, "text": event_text(e)}
+        for e in node_events
+    ]
+    shards = (
+        Shard.objects.filter(node_id=node_id, changed_at__gte=since, changed_at__lte=until)
+        .order_by("-changed_at")
+        .values_list("pk", "shard_id", "replica__deployment__name", "state", "reason", "changed_at")[:MARKERS_SHOWN]
+    )
+    events += [
+        {"id": f"s{pk}", "t": at.timestamp(), "at": at, "kind": "shard", "text": shard_text(shard, name, state, why)}
+        for pk, shard, name, state, why, at in shards
+    ]
+    events.sort(key=lambda event: event["t"])
+    return events[-MARKERS_SHOWN:]
+
+
+def chosen_range(get) -> tuple[promquery.TimeRange, str | None]:
+    """The range the URL asks for; an unknown one falls back to the default, with a sentence saying so.
+
+    A shared link with a typo still shows the node, as the cluster page's malformed
+    parameters fall back instead of failing.
+    """
+    key = get.get("range", promquery.DEFAULT_RANGE.key)
+    if key in promquery.RANGES:
+        return promquery.RANGES[key], None
+    known = ", ".join(promquery.RANGES)
+    fallback = promquery.DEFAULT_RANGE.label
+    return promquery.DEFAULT_RANGE, f"range: {key[:20]!r} is not one of {known}; showing {fallback}"
+
+
 def live_context(node: Node, now: float) -> dict:
     readings, load_problem = fetch_readings([node.pk], now)
     reading = readings[node.pk]
     allocations = list(node.allocations.all())
     holders = {claim.gpu_index: a.shard_id for a in allocations for claim in a.gpu_claims.all()}
     filesystems = list(node.filesystems.all())
+    firing = promalerts.firing()
     return {
         "node": node,
+        "alerts": firing.for_node(node.pk),
+        "alerts_problem": firing.problem,
         "reading": reading,
         "load_problem": load_problem,
         "engines": engine_rows(
@@ -130,6 +195,8 @@ def node(request, node_id: str):
         return render(request, "nodes/node.html#live", context)
     context["can_act"] = request.user.has_perm("inventory.change_node")
     context["actions"] = list(ACTIONS)
+    context["time_range"], context["range_problem"] = chosen_range(request.GET)
+    context["ranges"] = list(promquery.RANGES.values())
     return render(request, "nodes/node.html", context)
 
 
@@ -140,12 +207,28 @@ def node_charts(request, node_id: str):
         if request.htmx:
             return HttpResponseStopPolling()
         raise Http404("no such node")
-    context = {"node_id": node_id, "history": None, "history_problem": None}
+    # Only the page builds this URL, from a range it knows: anything else is refused, by name.
+    key = request.GET.get("range", promquery.DEFAULT_RANGE.key)
+    if key not in promquery.RANGES:
+        return HttpResponseBadRequest(f"range: must be one of {', '.join(promquery.RANGES)}")
+    time_range = promquery.RANGES[key]
+    now = time.time()
+    events = events_in(node_id, now - time_range.span, now)
+    context = {
+        "node_id": node_id,
+        "time_range": time_range,
+        "events": events,
+        "history": None,
+        "history_problem": None,
+    }
     try:
-        history = promquery.node_history(node_id)
+        history = promquery.node_history(node_id, now=now, time_range=time_range)
     except promquery.PrometheusUnavailable as exc:
         context["history_problem"] = str(exc)
     else:
         context["history"] = history
-        context["history_json"] = history.as_json()
+        context["history_json"] = {
+            **history.as_json(),
+            "events": [{"id": e["id"], "t": e["t"], "kind": e["kind"], "text": e["text"]} for e in events],
+        }
     return render(request, "nodes/node.html#charts", context)

@@ -44,6 +44,8 @@ class NodeRow:
     disk_free: str = ""
     disk_total: str = ""
     engines: int = 0
+    # Alerts firing for the node, from Prometheus (web/promalerts.py); set by the cluster view.
+    alerts: int = 0
     heartbeat: str = ""
     labels: list[str] = field(default_factory=list)
 
