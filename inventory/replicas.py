@@ -13,15 +13,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from agent import protocol
 from inventory.models import (
+    GPU,
     LIVE_STATES,
     RUN_STATES,
     Allocation,
     Deployment,
+    GPUClaim,
+    GPUCondition,
     Replica,
     ReplicaState,
     Shard,
@@ -76,6 +79,47 @@ def fail_replicas(replica_ids: Iterable[str], reason: str, now: datetime | None 
         Allocation.objects.filter(replica_id__in=ids).delete()
     shardversion.bump(nodes)
     return sorted(changing)
+
+
+def fail_gpu_holders(gpus: Iterable[tuple[str, int]], why: str, now: datetime | None = None) -> list[str]:
+    """Fail, whole, every replica holding one of these GPUs (node id, index): its engine cannot run there.
+
+    `why` finishes "GPU <index> of <node> …" in the replica's reason.
+    """
+    wanted = Q(pk__in=[])
+    for node_id, index in gpus:
+        wanted |= Q(node_id=node_id, gpu_index=index)
+    return _fail_claim_holders(GPUClaim.objects.filter(wanted), lambda present: why, now)
+
+
+def fail_on_unusable_gpus(node_ids: Iterable[str] | None = None, now: datetime | None = None) -> list[str]:
+    """Fail every replica that claims a GPU no longer in its node's inventory, or one that failed.
+
+    Registration calls it for the node it just wrote; the reconciler for every
+    node, so a claim the first missed (an operator's edit) is still caught.
+    """
+    claims = GPUClaim.objects.filter(~Exists(_claimed_gpu()) | Exists(_claimed_gpu(condition=GPUCondition.FAILED)))
+    if node_ids is not None:
+        claims = claims.filter(node_id__in=list(node_ids))
+    return _fail_claim_holders(claims, lambda present: "failed" if present else "vanished from its inventory", now)
+
+
+def _claimed_gpu(**more):
+    return GPU.objects.filter(node_id=OuterRef("node_id"), index=OuterRef("gpu_index"), **more)
+
+
+def _fail_claim_holders(claims, why, now: datetime | None) -> list[str]:
+    """Fail the replicas of these claims; `why(present)` says what became of a GPU (present: still listed)."""
+    rows = claims.annotate(present=Exists(_claimed_gpu())).order_by("node_id", "gpu_index")
+    reasons: dict[str, str] = {}
+    for replica_id, node_id, index, present in rows.values_list(
+        "allocation__replica_id", "node_id", "gpu_index", "present"
+    ):
+        reasons.setdefault(replica_id, f"GPU {index} of {node_id} {why(present)}")
+    failed: list[str] = []
+    for replica_id, reason in sorted(reasons.items()):
+        failed += fail_replicas([replica_id], reason, now)
+    return failed
 
 
 def begin_release(replicas: Iterable[Replica], reason: str, now: datetime | None = None) -> list[str]:
