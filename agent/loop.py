@@ -22,6 +22,7 @@ from agent import config as agent_config
 from agent import leftovers, protocol
 from agent.client import ControlPlane, Rejected, TokenStore, Unauthorized, Unavailable
 from agent.discovery import Discoverer, inventory_hash
+from agent.discovery.gpus import GPUSampler
 from agent.load import Sampler
 from agent.procfs import REAL, Roots
 from agent.runner import Runner
@@ -59,6 +60,7 @@ class Agent:
         self.interval = config.interval
         self.state_dir = Path(config.state_dir)
         self.sampler = Sampler(roots.proc)
+        self.gpus = GPUSampler()
         self.discoverer = Discoverer(config, roots)
         self.runner = Runner(
             self.state_dir / "logs", env=config.env, grace=tuning.grace, record_file=self.state_dir / "groups.json"
@@ -113,6 +115,7 @@ class Agent:
             self.stop()
             log.info("stopping: sending SIGTERM to every engine group")
             self.runner.stop_all()
+            self.gpus.close()
             for thread in threads:
                 thread.join(self.tuning.read_timeout + self.tuning.connect_timeout + 1)
         return 0
@@ -127,6 +130,10 @@ class Agent:
     def sample_now(self) -> protocol.Load | None:
         self.runner.poll()
         load = self.sampler.sample(self.runner.process_groups())
+        # Sampled even without a load (the first reading), so no XID goes unseen.
+        gpus = self.gpus.sample()
+        if load is not None:
+            load.gpus = gpus
         with self.changed:
             # A failed reading replaces the last good one: sending that again would present old load as new.
             self.latest = load
@@ -202,6 +209,8 @@ class Agent:
                 raise Unavailable(f"new token refused too: {again}") from None
         if message.inventory is not None:
             self.acknowledged_hash = message.inventory_hash
+        if message.load is not None:
+            self.gpus.acknowledge(message.load.gpus)
         self._apply(reply)
         return reply
 
