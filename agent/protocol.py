@@ -50,6 +50,9 @@ Timestamp = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
 LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-/]*$")]
 Labels = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=MAX_LABELS)]
 GPUIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS - 1)]
+# NVML's UUIDs ("GPU-…", "MIG-…"). Only these characters: the uuid becomes a /metrics
+# label, stored between separator bytes (livestate.loadlines). \Z, not $: "$" would let a newline through.
+GPUUuid = Annotated[str, msgspec.Meta(max_length=MAX_TEXT, pattern=r"^[A-Za-z0-9._:/-]*\Z")]
 # NVML's XID codes are small integers; the bound only keeps a body sane.
 Xid = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
 
@@ -87,7 +90,7 @@ class GPULoad(Struct):
     """
 
     index: GPUIndex
-    uuid: Text = ""
+    uuid: GPUUuid = ""
     utilization_percent: Percent | None = None
     memory_used_bytes: Bytes | None = None
     temperature_celsius: Annotated[float, msgspec.Meta(ge=-273, le=1000)] | None = None

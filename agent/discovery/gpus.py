@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import threading
 from collections.abc import Set
 
 from agent import protocol
 
 log = logging.getLogger("agent.discovery")
+_UUID = re.compile(protocol.GPUUuid.__metadata__[0].pattern)
 
 
 def read_gpus(own_pids: Set[int] = frozenset()) -> list[protocol.GPU]:
@@ -197,9 +199,11 @@ class GPUSampler:
         )
         retired = _optional(nvml, lambda: nvml.nvmlDeviceGetRetiredPagesPendingStatus(handle))
         remapped = _optional(nvml, lambda: nvml.nvmlDeviceGetRemappedRows(handle))
+        uuid = _text(nvml.nvmlDeviceGetUUID(handle))
         sample = protocol.GPULoad(
             index=index,
-            uuid=_text(nvml.nvmlDeviceGetUUID(handle)),
+            # A uuid the protocol would refuse would make every heartbeat refused: better none.
+            uuid=uuid if _UUID.fullmatch(uuid) else "",
             utilization_percent=min(max(float(utilization.gpu), 0.0), 100.0) if utilization is not None else None,
             memory_used_bytes=min(int(memory.used), protocol.MAX_COUNT) if memory is not None else None,
             temperature_celsius=float(temperature) if temperature is not None else None,
