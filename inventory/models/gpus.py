@@ -116,6 +116,11 @@ class GPU(models.Model):
         super().save(*args, **kwargs)
 
     @property
+    def agent_healthy(self) -> bool:
+        """Whether its agent calls it fit for use (the control plane may not: `condition`)."""
+        return self.health == HEALTH_OK
+
+    @property
     def healthy(self) -> bool:
         """Free but for claims: as free_q, for one row in hand."""
         return self.health == HEALTH_OK and self.condition == GPUCondition.HEALTHY
