@@ -1,4 +1,4 @@
-"""Each GPU measured (issue 16, item 4): from a stand-in NVML, through the agent's heartbeat, to /metrics and the page."""
+"""Each GPU measured (issue 16, item 4): from a stand-in NVML, via the agent's heartbeat to /metrics and the page."""
 
 from __future__ import annotations
 
