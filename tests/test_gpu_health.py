@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 from django.contrib.admin.models import LogEntry
 
@@ -187,3 +188,19 @@ def test_a_reregistration_keeps_a_failed_gpu_failed(client, token):
     beat(client, token, xids=[79])
     register(client, "gpu-1", gpus=2)
     assert gpu0().condition == GPUCondition.FAILED
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("uuid", "GPU-0\n"), ("uuid", "GPU\x1e0"), ("utilization_percent", 101), ("xids", list(range(17)))],
+)
+def test_a_bad_gpu_sample_is_refused_naming_the_field(client, token, field, value):
+    body = protocol.encode(protocol.Heartbeat(load=a_load())).decode()
+    gpu = (
+        protocol.encode(protocol.GPULoad(index=0)).decode()[:-1]
+        + f",{msgspec.json.encode({field: value}).decode()[1:]}"
+    )
+    body = body[:-2] + f',"gpus":[{gpu}]}}}}'
+    response = heartbeat(client, token, body.encode())
+    assert response.status_code == 400
+    assert msgspec.json.decode(response.content)["field"] == f"$.load.gpus[0].{field}"
