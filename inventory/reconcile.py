@@ -5,7 +5,8 @@ One pass, run by Celery beat every few seconds, in this order:
 1. finish releases whose engines have stopped (or whose node is gone);
 2. fail replicas with a shard on a lost or vanished node (the stale sweep
    normally did it already), or holding a GPU gone from its node's inventory
-   or failed (registration and inventory.gpuhealth normally did it already);
+   or failed (registration and inventory.gpuhealth normally did it already,
+   but a placement written at the same moment may have missed it);
    degraded GPUs whose agents have reported enough clean samples since
    become healthy again (inventory.gpuhealth.recover);
 3. drains: a replica on a draining node gets a replacement; once the
@@ -57,6 +58,9 @@ log = logging.getLogger(__name__)
 # before its GPUs are handed out anyway (an agent that never answers must not
 # hold them for ever).
 RELEASE_GRACE = timedelta(seconds=60)
+# Placements younger than this are checked for GPUs removed while they were
+# written (replicas.fail_on_unusable_gpus); a pass takes well under a second.
+RECENT_PLACEMENTS = timedelta(minutes=5)
 # How long a failed replica stays visible in the admin, with its reason.
 FAILED_KEPT_FOR = timedelta(hours=1)
 
@@ -115,7 +119,7 @@ def _fail_stranded(now: datetime, result: ReconcileResult) -> None:
         reasons.setdefault(replica_id, f"node {node_id} lost" if node_id else "its node was removed")
     for replica_id, reason in sorted(reasons.items()):
         result.failed += fail_replicas([replica_id], reason, now)
-    result.failed += fail_on_unusable_gpus(now=now)
+    result.failed += fail_on_unusable_gpus(placed_since=now - RECENT_PLACEMENTS, now=now)
     result.recovered_gpus += [f"{node_id}/{index}" for node_id, index in recover(now)]
 
 

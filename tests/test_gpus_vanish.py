@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agent import protocol
-from inventory.models import GPU, GPUClaim, Replica, ReplicaState, Shard
+from inventory.models import GPU, GPUClaim, GPUCondition, Replica, ReplicaState, Shard
 from inventory.reconcile import reconcile
 from tests.agentapi import JOIN_TOKEN, heartbeat, post, register, reply_of
 from tests.factories import deployment, make_inventory
@@ -96,3 +96,23 @@ def test_an_unchanged_inventory_keeps_the_replica(client, eight_gpu_replica):
 
     assert Replica.objects.get().state == ReplicaState.RUNNING
     assert GPUClaim.objects.filter(node_id=holder).count() == 8
+
+
+def test_the_reconciler_catches_a_claim_written_as_its_gpu_went(client, eight_gpu_replica):
+    """A placement pass that read the fleet just before a registration removed the GPU writes its claim anyway."""
+    _, holder, replica = eight_gpu_replica
+    GPU.objects.filter(node_id=holder, index=7).delete()  # as the registration committed beside the placement
+
+    result = reconcile()
+
+    assert replica in result.failed
+    assert "GPU 7 of" in Replica.objects.get(replica_id=replica).reason
+    assert not GPUClaim.objects.filter(node_id=holder).exists()
+
+
+def test_the_reconciler_catches_a_claim_on_a_failed_gpu(client, eight_gpu_replica):
+    _, holder, replica = eight_gpu_replica
+    GPU.objects.filter(node_id=holder, index=2).update(condition=GPUCondition.FAILED)  # beside the placement
+
+    assert replica in reconcile().failed
+    assert Replica.objects.get(replica_id=replica).reason == f"GPU 2 of {holder} failed"

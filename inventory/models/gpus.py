@@ -98,7 +98,10 @@ class GPU(models.Model):
     health = models.CharField(max_length=1024, default=HEALTH_OK)
     # The control plane's own fields: an inventory report never writes them
     # (registration keeps them while the GPU keeps its uuid).
-    condition = models.CharField(max_length=16, choices=GPUCondition.choices, default=GPUCondition.HEALTHY)
+    # Indexed: each reconcile pass looks for the few degraded and failed GPUs among all of them.
+    condition = models.CharField(
+        max_length=16, choices=GPUCondition.choices, default=GPUCondition.HEALTHY, db_index=True
+    )
     condition_reason = models.CharField(max_length=1024, blank=True)
     condition_since = models.DateTimeField(null=True, blank=True)
 
