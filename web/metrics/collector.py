@@ -1,6 +1,6 @@
 """The fleet collector: built on each scrape from the inventory, fresh loads and own counters.
 
-Each scrape runs the five inventory queries and one Redis round trip (every
+Each scrape runs the six inventory queries and one Redis round trip (every
 node's rendered load with one MGET, the self-metrics hash with HGETALL,
 pipelined), so its cost in queries does not grow with the fleet. A node gone
 from the inventory has no series: nothing is carried over from one scrape to
