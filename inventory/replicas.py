@@ -114,9 +114,12 @@ def fail_on_unusable_gpus(placed_since: datetime, now: datetime | None = None) -
     changed = fail_gpu_holders(failed_gpus, "failed", now) if failed_gpus else []
     # The recent allocations first, then their claims: given as one join, SQLite
     # runs the anti-join over every claim before it filters.
+    # Chunked, as a burst of placements can outnumber the parameters SQLite takes in one statement.
     recent = list(Allocation.objects.filter(created_at__gte=placed_since).values_list("pk", flat=True))
-    if recent:
-        missing = GPUClaim.objects.filter(allocation_id__in=recent).filter(~Exists(_claimed_gpu()))
+    for start in range(0, len(recent), 2000):
+        missing = GPUClaim.objects.filter(allocation_id__in=recent[start : start + 2000]).filter(
+            ~Exists(_claimed_gpu())
+        )
         changed += _fail_claim_holders(missing, "vanished from its inventory", now)
     return changed
 
