@@ -145,6 +145,11 @@ def mark_healthy(client, reason: str):
 def test_an_operator_marks_a_failed_gpu_healthy_with_a_reason(client, token, operator):
     beat(client, token, xids=[79])
     client.force_login(operator)
+    listing = client.get("/admin/inventory/gpu/?condition=failed").content.decode()
+    assert "XID 79 (fallen off the bus)" in listing and "gpu-1/gpu0" in listing
+    assert client.get(f"/admin/inventory/gpu/{gpu0().pk}/change/").status_code == 200
+    asked = client.post("/admin/inventory/gpu/", {"action": "mark_healthy", "_selected_action": [gpu0().pk]})
+    assert b"reason" in asked.content and gpu0().condition == GPUCondition.FAILED, "acted before asking why"
 
     response = mark_healthy(client, "reseated the card, nvidia-smi -r, burn-in passed")
 
