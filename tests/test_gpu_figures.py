@@ -135,3 +135,33 @@ def test_an_xid_from_nvml_fails_the_gpu_and_its_replica_moves(client, token, age
     page = client.get("/nodes/gpu-1/").content.decode()
     row = page[page.index('data-gpu="0"') :]
     assert "XID 79 (fallen off the bus)" in row[: row.index("</tr>")]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_agents_own_heartbeats_deliver_an_xid_once(live_server, tmp_path, nvml):
+    """The agent's own client against a served control plane: it registers, the XID fails the GPU, and once
+    that heartbeat is answered the XID is not sent again."""
+    shutil.copytree(PROC / "proc", tmp_path / "proc")
+    config = agent_config.from_mapping(
+        {
+            "control_plane": live_server.url,
+            "join_token": JOIN_TOKEN,
+            "state_dir": str(tmp_path / "state"),
+            "node_id": "gpu-1",
+            "engines": {},
+        }
+    )
+    own = Agent(config, roots=Roots(proc=tmp_path / "proc", sys=tmp_path, etc=tmp_path))
+    own.start_up(run_shards=False)
+    shutil.rmtree(tmp_path / "proc")
+    shutil.copytree(PROC / "proc-later", tmp_path / "proc")
+    nvml.xid(1, 48)
+    own.sample_now()
+    assert own.latest.gpus[1].xids == [48]
+
+    own.beat_once()
+
+    failed = GPU.objects.get(node_id="gpu-1", index=1)
+    assert failed.condition == GPUCondition.FAILED and "XID 48" in failed.condition_reason
+    assert own.gpus.pending[1] == [], "an answered XID is still waiting to be sent"
+    own.gpus.close()
