@@ -13,6 +13,7 @@ import contextlib
 import logging
 import re
 import threading
+import time
 from collections.abc import Set
 
 from agent import protocol
@@ -94,8 +95,12 @@ class GPUSampler:
     GPU by (docs/gpus.md). Without NVML it samples nothing.
     """
 
-    def __init__(self):
+    # Without NVML (a CPU node, no driver) it is looked for again this often, not at every sample.
+    RETRY_EVERY = 60.0
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._retry_at = float("-inf")
         self._nvml = None
         self._events = None
         self._handles: list = []
@@ -105,16 +110,25 @@ class GPUSampler:
     def _open(self) -> bool:
         if self._nvml is not None:
             return True
+        if time.monotonic() < self._retry_at:
+            return False
+        self._retry_at = time.monotonic() + self.RETRY_EVERY
         try:
             import pynvml
         except ImportError:
             return False
         try:
             pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            log.debug("NVML unavailable for sampling: %s", exc)
+            return False
+        try:
             count = min(pynvml.nvmlDeviceGetCount(), protocol.MAX_GPUS)
             self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
         except pynvml.NVMLError as exc:
-            log.debug("NVML unavailable for sampling: %s", exc)
+            log.warning("NVML failed while listing GPUs to sample: %s", exc)
+            with contextlib.suppress(pynvml.NVMLError):
+                pynvml.nvmlShutdown()
             return False
         self._nvml = pynvml
         self._events = self._listen(pynvml)

@@ -85,8 +85,22 @@ def test_without_nvml_nothing_is_sampled(monkeypatch):
     assert GPUSampler().sample() == []
 
 
+def test_without_a_driver_nvml_is_not_looked_for_at_every_sample(nvml):
+    tries = []
+
+    def no_driver():
+        tries.append(1)
+        raise nvml.NVMLError(9)
+
+    nvml.nvmlInit = no_driver
+    sampler = GPUSampler()
+    assert [sampler.sample() for _ in range(5)] == [[]] * 5
+    assert len(tries) == 1
+
+
 def test_nvml_failing_mid_sample_is_opened_again(nvml):
     sampler = GPUSampler()
+    sampler.RETRY_EVERY = 0.0
     broken = nvml.nvmlDeviceGetUUID
     nvml.nvmlDeviceGetUUID = lambda h: (_ for _ in ()).throw(nvml.NVMLError(15))
     assert sampler.sample() == []
