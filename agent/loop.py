@@ -25,6 +25,7 @@ from agent import cgroups, leftovers, protocol
 from agent import config as agent_config
 from agent.client import ControlPlane, Rejected, TokenStore, Unauthorized, Unavailable
 from agent.discovery import Discoverer, inventory_hash
+from agent.discovery.gpus import GPUSampler
 from agent.load import Sampler
 from agent.procfs import REAL, Roots
 from agent.provision import Provisioner, Want
@@ -66,6 +67,7 @@ class Agent:
         self.interval = config.interval
         self.state_dir = Path(config.state_dir)
         self.sampler = Sampler(roots.proc)
+        self.gpus = GPUSampler()
         self.discoverer = Discoverer(config, roots)
         self.cgroups = None if config.cgroup_root == "none" else cgroups.Cgroups.find(roots, config.cgroup_root)
         self.runner = Runner(
@@ -145,6 +147,7 @@ class Agent:
             self.provisioner.stop()
             log.info("stopping: sending SIGTERM to every engine group")
             self.runner.stop_all()
+            self.gpus.close()
             for thread in threads:
                 thread.join(self.tuning.read_timeout + self.tuning.connect_timeout + 1)
         return 0
@@ -159,6 +162,10 @@ class Agent:
     def sample_now(self) -> protocol.Load | None:
         self.runner.poll()
         load = self.sampler.sample(self.runner.process_groups(), self.runner.placements())
+        # Sampled even without a load (the first reading), so no XID goes unseen.
+        gpus = self.gpus.sample()
+        if load is not None:
+            load.gpus = gpus
         with self.changed:
             # A failed reading replaces the last good one: sending that again would present old load as new.
             self.latest = load
@@ -253,6 +260,8 @@ class Agent:
                 raise Unavailable(f"new token refused too: {again}") from None
         if message.inventory is not None:
             self.acknowledged_hash = message.inventory_hash
+        if message.load is not None:
+            self.gpus.acknowledge(message.load.gpus)
         self._apply(reply)
         return reply
 

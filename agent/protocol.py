@@ -33,6 +33,8 @@ MAX_FABRICS = 16
 MAX_HCAS = 32
 MAX_ENGINES = 32
 MAX_ARGS = 128
+# XIDs per GPU per heartbeat: enough to tell a sick GPU, bounded against a storm.
+MAX_XIDS = 16
 # 2**53: above this a float no longer holds every integer, and no real byte
 # count or counter comes close.
 MAX_COUNT = 2**53
@@ -51,6 +53,12 @@ Percent = Annotated[float, msgspec.Meta(ge=0, le=100)]
 Timestamp = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
 LabelKey = Annotated[str, msgspec.Meta(min_length=1, max_length=63, pattern=r"^[A-Za-z_][A-Za-z0-9_.\-/]*\Z")]
 Labels = Annotated[dict[LabelKey, Text], msgspec.Meta(max_length=MAX_LABELS)]
+GPUIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS - 1)]
+# NVML's UUIDs ("GPU-…", "MIG-…"). Only these characters: the uuid becomes a /metrics
+# label, stored between separator bytes (livestate.loadlines). \Z, not $: "$" would let a newline through.
+GPUUuid = Annotated[str, msgspec.Meta(max_length=MAX_TEXT, pattern=r"^[A-Za-z0-9._:/-]*\Z")]
+# NVML's XID codes are small integers; the bound only keeps a body sane.
+Xid = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
 
 
 class Struct(msgspec.Struct, forbid_unknown_fields=False, omit_defaults=True):
@@ -71,12 +79,39 @@ class Host(Struct):
 class GPU(Struct):
     """One accelerator. `health` is "ok", or why it must not be used."""
 
-    index: Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS - 1)]
+    index: GPUIndex
     uuid: Text = ""
     name: Text = ""
     memory_bytes: Bytes = 0
     ecc_errors: Count = 0
     health: Detail = "ok"
+
+
+class GPULoad(Struct):
+    """One GPU as the agent sampled it through NVML, and the error evidence it saw (docs/gpus.md).
+
+    A figure the board cannot give (power on some cards) is None and not sent.
+    """
+
+    index: GPUIndex
+    uuid: GPUUuid = ""
+    utilization_percent: Percent | None = None
+    memory_used_bytes: Bytes | None = None
+    temperature_celsius: Annotated[float, msgspec.Meta(ge=-273, le=1000)] | None = None
+    power_watts: Annotated[float, msgspec.Meta(ge=0, le=1e6)] | None = None
+    # XID events since the last heartbeat the control plane answered: kept by the
+    # agent until a heartbeat carrying them is answered, so a failed beat loses none.
+    xids: Annotated[list[Xid], msgspec.Meta(max_length=MAX_XIDS)] = []
+    # Levels, as NVML reads them now: uncorrectable ECC errors since the driver
+    # loaded (volatile), pages waiting to be retired, rows waiting to be remapped
+    # at the next GPU reset, and a remapping that failed.
+    ecc_uncorrected: Count = 0
+    retired_pages_pending: bool = False
+    remap_pending: bool = False
+    remap_failed: bool = False
+    # Consecutive samples, ending with this one, with no XID and none of the levels
+    # above: what lets the control plane clear a degraded GPU without flapping.
+    clean_samples: Count = 0
 
 
 class Filesystem(Struct):
@@ -156,6 +191,8 @@ class Load(Struct):
     memory_available_bytes: Bytes = 0
     interval_seconds: Fraction = 0.0
     shards: Annotated[list[ShardLoad], msgspec.Meta(max_length=MAX_SHARDS)] = []
+    # Empty from agents that predate GPU sampling, and on nodes without NVML.
+    gpus: Annotated[list[GPULoad], msgspec.Meta(max_length=MAX_GPUS)] = []
 
 
 ShardState = Literal["starting", "running", "exited", "restarting", "stopped", "failed"]

@@ -1,4 +1,4 @@
-"""The operators' admin: nodes with their state, and cordon, drain and uncordon.
+"""The operators' admin: nodes with their state, and cordon, drain and uncordon; GPUs, and marking one healthy.
 
 What an agent reports is read-only here (the agent owns it and would overwrite
 it); operators edit their own labels and notes, and change admin state only
@@ -18,8 +18,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from inventory import gpuhealth
 from inventory.models import (
     AGENT_FIELDS,
+    CONDITION_COLOURS,
     GPU,
     LIVE_STATES,
     REPLICA_COLOURS,
@@ -29,6 +31,7 @@ from inventory.models import (
     EngineInstall,
     FabricAttachment,
     Filesystem,
+    GPUCondition,
     Node,
     NodeEvent,
     NodeState,
@@ -118,10 +121,17 @@ class ReadOnlyInline(admin.TabularInline):
         return False
 
 
+def condition_badge(condition: str):
+    condition = GPUCondition(condition)
+    return format_html('<span class="llmgw-badge llmgw-{}">{}</span>', CONDITION_COLOURS[condition], condition.label)
+
+
 class GPUInline(ReadOnlyInline):
     model = GPU
-    fields = ("index", "name", "gpu_class", "memory_bytes", "ecc_errors", "health", "uuid")
+    fields = ("index", "name", "gpu_class", "memory_bytes", "ecc_errors", "health", "condition", "uuid")
     readonly_fields = fields
+    # Its own page holds the one GPU action: marking it healthy again.
+    show_change_link = True
 
 
 class FilesystemInline(ReadOnlyInline):
@@ -319,6 +329,70 @@ class NodeAdmin(admin.ModelAdmin):
     @admin.action(description="Uncordon: accept placement again", permissions=["change"])
     def uncordon(self, request, queryset):
         return self._apply(request, queryset, "uncordon")
+
+
+@admin.register(GPU)
+class GPUAdmin(admin.ModelAdmin):
+    """Every GPU with the control plane's verdict; an operator marks a degraded or failed one healthy again."""
+
+    list_display = ("__str__", "condition_display", "condition_reason", "condition_since", "health")
+    list_filter = ("condition", "gpu_class")
+    search_fields = ("node__id", "uuid")
+    list_select_related = ("node",)
+    actions = ("mark_healthy",)
+    fields = (
+        "node",
+        "index",
+        "uuid",
+        "name",
+        "gpu_class",
+        "memory_bytes",
+        "ecc_errors",
+        "health",
+        "condition",
+        "condition_reason",
+        "condition_since",
+    )
+    # The agent owns some fields and gpuhealth the others: the action is the only way to change one.
+    readonly_fields = fields
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+    @admin.display(description="condition", ordering="condition")
+    def condition_display(self, gpu):
+        return condition_badge(gpu.condition)
+
+    @admin.action(description="Mark healthy: back into placement", permissions=["change"])
+    def mark_healthy(self, request, queryset):
+        if "apply" in request.POST:
+            form = ReasonForm(request.POST)
+            if form.is_valid():
+                reason = form.cleaned_data["reason"]
+                changed = 0
+                for gpu in queryset:
+                    if gpuhealth.clear(gpu, request.user.get_username(), reason):
+                        self.log_change(request, gpu, f"{gpu.condition} → healthy: {reason}")
+                        changed += 1
+                self.message_user(request, f"mark healthy: {changed} GPU(s) changed.", messages.SUCCESS)
+                return None
+        else:
+            form = ReasonForm()
+        return TemplateResponse(
+            request,
+            "admin/inventory/gpu_action.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "Mark GPUs healthy",
+                "gpus": queryset,
+                "form": form,
+                "opts": self.model._meta,
+                "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME,
+            },
+        )
 
 
 @admin.register(NodeEvent)

@@ -4,7 +4,11 @@ One pass, run by Celery beat every few seconds, in this order:
 
 1. finish releases whose engines have stopped (or whose node is gone);
 2. fail replicas with a shard on a lost or vanished node (the stale sweep
-   normally did it already);
+   normally did it already), or holding a GPU gone from its node's inventory
+   or failed (registration and inventory.gpuhealth normally did it already,
+   but a placement written at the same moment may have missed it);
+   degraded GPUs whose agents have reported enough clean samples since
+   become healthy again (inventory.gpuhealth.recover);
 3. drains: a replica on a draining node gets a replacement; once the
    replacement runs, the old one is released;
 4. scale: create pending replicas up to the number wanted, release the
@@ -29,6 +33,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from inventory.gpuhealth import recover
 from inventory.models import (
     LIVE_STATES,
     RUN_STATES,
@@ -44,7 +49,7 @@ from inventory.models import (
 )
 from inventory.operator import finish_drain
 from inventory.placement import CannotPlace, Placement, Planner, Profile, load_fleet
-from inventory.replicas import begin_release, fail_replicas, finish_release, new_replicas
+from inventory.replicas import begin_release, fail_on_unusable_gpus, fail_replicas, finish_release, new_replicas
 from livestate import shardversion
 
 log = logging.getLogger(__name__)
@@ -53,6 +58,9 @@ log = logging.getLogger(__name__)
 # before its GPUs are handed out anyway (an agent that never answers must not
 # hold them for ever).
 RELEASE_GRACE = timedelta(seconds=60)
+# Placements younger than this are checked for GPUs removed while they were
+# written (replicas.fail_on_unusable_gpus); a pass takes well under a second.
+RECENT_PLACEMENTS = timedelta(minutes=5)
 # How long a failed replica stays visible in the admin, with its reason.
 FAILED_KEPT_FOR = timedelta(hours=1)
 
@@ -66,6 +74,7 @@ class ReconcileResult:
     released: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     cordoned: list[str] = field(default_factory=list)
+    recovered_gpus: list[str] = field(default_factory=list)
     pruned: int = 0
 
     def summary(self) -> dict:
@@ -77,6 +86,7 @@ class ReconcileResult:
             "released": len(self.released),
             "failed": len(self.failed),
             "cordoned": self.cordoned,
+            "recovered_gpus": self.recovered_gpus,
         }
 
 
@@ -109,6 +119,8 @@ def _fail_stranded(now: datetime, result: ReconcileResult) -> None:
         reasons.setdefault(replica_id, f"node {node_id} lost" if node_id else "its node was removed")
     for replica_id, reason in sorted(reasons.items()):
         result.failed += fail_replicas([replica_id], reason, now)
+    result.failed += fail_on_unusable_gpus(placed_since=now - RECENT_PLACEMENTS, now=now)
+    result.recovered_gpus += [f"{node_id}/{index}" for node_id, index in recover(now)]
 
 
 def _drain(now: datetime, result: ReconcileResult) -> None:

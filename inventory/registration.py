@@ -19,6 +19,7 @@ from inventory.models import (
     Weights,
     gpu_class,
 )
+from inventory.replicas import fail_gpu_holders
 
 
 class ReplayedInventory(Exception):
@@ -40,9 +41,13 @@ def upsert_inventory(
 ) -> tuple[Node, bool]:
     """Create or update a node from its agent's report, in one transaction.
 
-    The node's hardware rows are replaced whole; its admin state, notes and
-    liveness are left alone, so an agent re-registering never clears a cordon
-    or a drain. Returns the node and whether it was created.
+    The node's hardware rows are replaced whole, but for a GPU still there
+    with the same uuid, which keeps its condition (a failed GPU stays failed
+    through a re-registration); its admin state, notes and liveness are left
+    alone, so an agent re-registering never clears a cordon or a drain. A
+    replica that held a GPU the report no longer lists fails whole and frees
+    its claims, so placement rebuilds it elsewhere and the GPU, should it come
+    back, comes back free. Returns the node and whether it was created.
 
     `boot_id` and `seq` say which heartbeat of which agent run the inventory came
     with: one no newer than the stored inventory's, from the same run, raises
@@ -88,15 +93,25 @@ def upsert_inventory(
             for field in fields:
                 setattr(node, field, values[field])
             node.save(update_fields=fields)
-        _replace_hardware(node, inventory)
+        dropped = _replace_hardware(node, inventory)
+        if dropped:
+            fail_gpu_holders([(node.pk, index) for index in dropped], "left its node's inventory", now)
     return node, created
 
 
-def _replace_hardware(node: Node, inventory: protocol.Inventory) -> None:
-    for model in (GPU, Filesystem, Weights, FabricAttachment, EngineInstall):
-        model.objects.filter(node=node).delete()
-    GPU.objects.bulk_create(
+# The GPU fields its agent owns; the condition fields are the control plane's.
+GPU_AGENT_FIELDS = ("name", "gpu_class", "memory_bytes", "ecc_errors", "health")
+
+
+def _replace_gpus(node: Node, reported: list[protocol.GPU]) -> list[int]:
+    """Update the GPUs still there (same index and uuid), replace the rest; returns the indices of those gone.
+
+    A GPU is gone when its index is no longer listed or lists another uuid (another card).
+    """
+    kept = {(index, uuid): pk for pk, index, uuid in GPU.objects.filter(node=node).values_list("pk", "index", "uuid")}
+    rows = [
         GPU(
+            pk=kept.pop((gpu.index, gpu.uuid), None),
             node=node,
             index=gpu.index,
             uuid=gpu.uuid,
@@ -106,8 +121,20 @@ def _replace_hardware(node: Node, inventory: protocol.Inventory) -> None:
             ecc_errors=gpu.ecc_errors,
             health=gpu.health,
         )
-        for gpu in _unique_by(inventory.gpus, lambda gpu: gpu.index)
-    )
+        for gpu in _unique_by(reported, lambda gpu: gpu.index)
+    ]
+    # What is left in `kept` is gone or another card now: deleted first, as its index may be taken again.
+    GPU.objects.filter(pk__in=kept.values()).delete()
+    GPU.objects.bulk_update([row for row in rows if row.pk is not None], GPU_AGENT_FIELDS)
+    GPU.objects.bulk_create([row for row in rows if row.pk is None])
+    return sorted(index for index, _ in kept)
+
+
+def _replace_hardware(node: Node, inventory: protocol.Inventory) -> list[int]:
+    """Write the node's hardware rows; returns the indices of GPUs gone from it."""
+    dropped = _replace_gpus(node, inventory.gpus)
+    for model in (Filesystem, Weights, FabricAttachment, EngineInstall):
+        model.objects.filter(node=node).delete()
     Filesystem.objects.bulk_create(
         Filesystem(
             node=node,
@@ -138,6 +165,7 @@ def _replace_hardware(node: Node, inventory: protocol.Inventory) -> None:
         )
         for p in inventory.provision
     )
+    return dropped
 
 
 def _unique_by(items, key):

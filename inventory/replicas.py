@@ -13,15 +13,18 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from agent import protocol
 from inventory.models import (
+    GPU,
     LIVE_STATES,
     RUN_STATES,
     Allocation,
     Deployment,
+    GPUClaim,
+    GPUCondition,
     Replica,
     ReplicaState,
     Shard,
@@ -76,6 +79,65 @@ def fail_replicas(replica_ids: Iterable[str], reason: str, now: datetime | None 
         Allocation.objects.filter(replica_id__in=ids).delete()
     shardversion.bump(nodes)
     return sorted(changing)
+
+
+def fail_gpu_holders(gpus: Iterable[tuple[str, int]], why: str, now: datetime | None = None) -> list[str]:
+    """Fail, whole, every replica holding one of these GPUs (node id, index): its engine cannot run there.
+
+    `why` finishes "GPU <index> of <node> …" in the replica's reason.
+    """
+    by_node: dict[str, list[int]] = {}
+    for node_id, index in gpus:
+        by_node.setdefault(node_id, []).append(index)
+    nodes = sorted(by_node)
+    failed: list[str] = []
+    # A condition per node, a few hundred nodes at a time: SQLite refuses an expression deeper than 1,000.
+    for start in range(0, len(nodes), 200):
+        wanted = Q(pk__in=[])
+        for node_id in nodes[start : start + 200]:
+            wanted |= Q(node_id=node_id, gpu_index__in=by_node[node_id])
+        failed += _fail_claim_holders(GPUClaim.objects.filter(wanted), why, now)
+    return failed
+
+
+def fail_on_unusable_gpus(placed_since: datetime, now: datetime | None = None) -> list[str]:
+    """Fail every replica that claims a failed GPU, or, placed since `placed_since`, one no longer listed.
+
+    Registration and inventory.gpuhealth fail such replicas as they change a
+    GPU; this catches the claims a placement pass wrote at the same moment,
+    from a snapshot read just before. Only recent claims can have missed a
+    GPU's removal, and looking only at them keeps this cheap enough for every
+    reconcile pass (the anti-join over every claim of a 10,000-node fleet
+    costs over 100 ms on PostgreSQL; failed GPUs are few and indexed).
+    """
+    failed_gpus = list(GPU.objects.filter(condition=GPUCondition.FAILED).values_list("node_id", "index"))
+    changed = fail_gpu_holders(failed_gpus, "failed", now) if failed_gpus else []
+    # The recent allocations first, then their claims: given as one join, SQLite
+    # runs the anti-join over every claim before it filters.
+    # Chunked, as a burst of placements can outnumber the parameters SQLite takes in one statement.
+    recent = list(Allocation.objects.filter(created_at__gte=placed_since).values_list("pk", flat=True))
+    for start in range(0, len(recent), 2000):
+        missing = GPUClaim.objects.filter(allocation_id__in=recent[start : start + 2000]).filter(
+            ~Exists(_claimed_gpu())
+        )
+        changed += _fail_claim_holders(missing, "vanished from its inventory", now)
+    return changed
+
+
+def _claimed_gpu():
+    return GPU.objects.filter(node_id=OuterRef("node_id"), index=OuterRef("gpu_index"))
+
+
+def _fail_claim_holders(claims, why: str, now: datetime | None) -> list[str]:
+    """Fail the replicas of these claims; `why` says what became of the GPU."""
+    reasons: dict[str, str] = {}
+    rows = claims.order_by("node_id", "gpu_index").values_list("allocation__replica_id", "node_id", "gpu_index")
+    for replica_id, node_id, index in rows:
+        reasons.setdefault(replica_id, f"GPU {index} of {node_id} {why}")
+    failed: list[str] = []
+    for replica_id, reason in sorted(reasons.items()):
+        failed += fail_replicas([replica_id], reason, now)
+    return failed
 
 
 def begin_release(replicas: Iterable[Replica], reason: str, now: datetime | None = None) -> list[str]:

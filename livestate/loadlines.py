@@ -8,9 +8,10 @@ byte strings instead of formatting 150,000 samples.
 
 The text, as stored:
 
-    <received_at>\\n<lines of family 0>\\x1e … <lines of family 4>\\x1e<shard records>
+    <received_at>\\n<lines of family 0>\\x1e … <lines of family 8>\\x1e<shard records>
 
-with the families of `NODE_LOAD` in order, and one record per shard,
+with the families of `STORED` in order (the node's, then its GPUs', one line
+per GPU that gave the figure), and one record per shard,
 `<shard>\\x1f<cpu cores>\\x1f<resident bytes>\\n`, its values already formatted.
 Shard lines themselves are finished at the scrape: their `replica` and `model`
 labels come from the allocations in the database, which a heartbeat does not
@@ -46,8 +47,16 @@ LOAD = Family("llmgw_node_load", "Load average over the window 1m, 5m or 15m.")
 MEMORY_USED = Family("llmgw_node_memory_used_bytes", "Memory used: MemTotal minus MemAvailable.")
 MEMORY_AVAILABLE = Family("llmgw_node_memory_available_bytes", "Memory available (MemAvailable).")
 
-# The families a heartbeat renders, in the order of the stored text.
+GPU_UTILIZATION = Family("llmgw_gpu_utilization_percent", "Time the GPU was busy over NVML's last sample period.")
+GPU_MEMORY_USED = Family("llmgw_gpu_memory_used_bytes", "GPU memory in use, as NVML reports it.")
+GPU_TEMPERATURE = Family("llmgw_gpu_temperature_celsius", "GPU core temperature.")
+GPU_POWER = Family("llmgw_gpu_power_watts", "GPU power draw.")
+
 NODE_LOAD = (CPU_UTILIZATION, CPUS, LOAD, MEMORY_USED, MEMORY_AVAILABLE)
+# Each GPU's figures, labelled node, gpu (its index) and uuid, from the load's `gpus`.
+GPU_LOAD = (GPU_UTILIZATION, GPU_MEMORY_USED, GPU_TEMPERATURE, GPU_POWER)
+# The families a heartbeat renders, in the order of the stored text.
+STORED = (*NODE_LOAD, *GPU_LOAD)
 
 WINDOWS = ("1m", "5m", "15m")
 FAMILY_SEPARATOR = b"\x1e"
@@ -66,13 +75,26 @@ def render(node_id: str, load: Load, received_at: float) -> bytes:
         ),
         line(MEMORY_USED.name, node, load.memory_used_bytes),
         line(MEMORY_AVAILABLE.name, node, load.memory_available_bytes),
+        *_gpu_chunks(node_id, load),
         "".join(f"{s.shard}\x1f{value(s.cpu_cores)}\x1f{value(s.rss_bytes)}\n" for s in load.shards),
     ]
     return f"{received_at!r}\n".encode() + FAMILY_SEPARATOR.join(part.encode() for part in parts)
 
 
+def _gpu_chunks(node_id: str, load: Load) -> list[str]:
+    """One chunk per GPU_LOAD family; a figure the GPU did not give has no line."""
+    chunks: list[list[str]] = [[] for _ in GPU_LOAD]
+    for gpu in load.gpus:
+        labels = labelset(gpu=str(gpu.index), node=node_id, uuid=gpu.uuid)
+        figures = (gpu.utilization_percent, gpu.memory_used_bytes, gpu.temperature_celsius, gpu.power_watts)
+        for chunk, family, figure in zip(chunks, GPU_LOAD, figures, strict=True):
+            if figure is not None:
+                chunk.append(line(family.name, labels, figure))
+    return ["".join(chunk) for chunk in chunks]
+
+
 class Rendered(NamedTuple):
-    """A stored text taken apart: one chunk per NODE_LOAD family, and (shard, cores, bytes) records."""
+    """A stored text taken apart: one chunk per STORED family, and (shard, cores, bytes) records."""
 
     received_at: float
     chunks: list[bytes]
@@ -85,7 +107,7 @@ def parse(raw: bytes | None) -> Rendered | None:
         return None
     head, _, body = raw.partition(b"\n")
     parts = body.split(FAMILY_SEPARATOR)
-    if len(parts) != len(NODE_LOAD) + 1:
+    if len(parts) != len(STORED) + 1:
         return None
     try:
         received_at = float(head)

@@ -23,7 +23,16 @@ def test_promql_string_escapes_quotes_and_backslashes():
 
 def test_every_chart_selects_the_node():
     specs = promquery.node_charts("gpu-07")
-    assert {spec.key for spec in specs} == {"cpu", "memory", "load", "cores", "shard_memory", "queue"}
+    assert {spec.key for spec in specs} == {
+        "cpu",
+        "memory",
+        "load",
+        "cores",
+        "shard_memory",
+        "queue",
+        "gpu_utilization",
+        "gpu_memory",
+    }
     for spec in specs:
         assert 'node="gpu-07"' in spec.query
     assert any("llmgw:shard_queue_depth" in spec.query for spec in specs)
@@ -129,6 +138,10 @@ llmgw_node_load{node="n1",window="15m"} 1
 llmgw_shard_cpu_cores{node="n1",shard="s0",replica="r0",model="llama"} 2
 llmgw_shard_cpu_cores{node="n1",shard="s1",replica="r0",model="llama"} 1.5
 llmgw_shard_memory_bytes{node="n1",shard="s0",replica="r0",model="llama"} 2147483648
+llmgw_gpu_utilization_percent{node="n1",gpu="0",uuid="GPU-a"} 87
+llmgw_gpu_utilization_percent{node="n1",gpu="1",uuid="GPU-b"} 3
+llmgw_gpu_utilization_percent{node="other",gpu="0",uuid="GPU-c"} 50
+llmgw_gpu_memory_used_bytes{node="n1",gpu="0",uuid="GPU-a"} 65498251264
 """
 
 
@@ -152,3 +165,6 @@ def test_history_from_a_real_prometheus(tmp_path):
     assert {v for v in charts["shard_memory"].values[0] if v is not None} == {2 * 2**30}
     # No engine exports a queue depth here: an empty chart, not an error.
     assert charts["queue"].series == [] and not charts["queue"].has_data
+    assert charts["gpu_utilization"].series == ["GPU 0", "GPU 1"]
+    assert [{v for v in column if v is not None} for column in charts["gpu_utilization"].values] == [{87}, {3}]
+    assert charts["gpu_memory"].series == ["GPU 0"]

@@ -25,8 +25,9 @@ from inventory.models import (
     Shard,
 )
 from inventory.reconcile import reconcile
+from inventory.registration import upsert_inventory
 from livestate import shardlists
-from tests.factories import STATE_MIX, deployment, node
+from tests.factories import STATE_MIX, deployment, make_inventory, node
 
 GPU_NAMES = {"NVIDIA H100 80GB HBM3": "H100-80GB", "NVIDIA A100-SXM4-40GB": "A100-40GB"}
 
@@ -58,6 +59,8 @@ deployment_specs = st.lists(
 )
 # Later changes: (node index, new admin state and liveness).
 changes = st.lists(st.tuples(st.integers(0, 5), st.sampled_from(STATE_MIX)), max_size=4)
+# Later inventories: (node index, how many of its GPUs it still reports), as an agent whose GPUs vanished.
+drops = st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), max_size=3)
 
 
 def check_invariants(placed_now: list[str], schedulable: set[str]) -> None:
@@ -65,6 +68,7 @@ def check_invariants(placed_now: list[str], schedulable: set[str]) -> None:
     adapters = {(f.node_id, f.fabric): f.hcas for f in FabricAttachment.objects.all()}
     claims = Counter(GPUClaim.objects.values_list("node_id", "gpu_index"))
     assert all(n == 1 for n in claims.values()), "a GPU in two allocations"
+    assert set(claims) <= set(gpus), "a claim on a GPU its node no longer reports"
     memory = defaultdict(int)
     for allocation in Allocation.objects.all():
         memory[allocation.node_id] += allocation.memory_gb
@@ -103,19 +107,14 @@ def check_invariants(placed_now: list[str], schedulable: set[str]) -> None:
 
 class ReconcileProperties(TestCase):
     @settings(max_examples=25, deadline=None)
-    @given(fleet=fleet_specs, wanted=deployment_specs, later=changes)
-    def test_stored_placements_keep_the_rules_through_changes(self, fleet, wanted, later):
+    @given(fleet=fleet_specs, wanted=deployment_specs, later=changes, dropped=drops)
+    def test_stored_placements_keep_the_rules_through_changes(self, fleet, wanted, later, dropped):
         shardlists.forget()
         names = []
         for i, spec in enumerate(fleet):
             admin_state, liveness = spec.pop("state")
-            node(
-                f"n{i}",
-                fabrics={f: [f"{f}-n{i}"] for f in spec.pop("fabrics")},
-                **spec,
-                admin_state=admin_state,
-                liveness=liveness,
-            )
+            spec["fabrics"] = {f: [f"{f}-n{i}"] for f in spec["fabrics"]}
+            node(f"n{i}", **spec, admin_state=admin_state, liveness=liveness)
             names.append(f"n{i}")
         for i, spec in enumerate(wanted):
             if not spec["gpus_per_shard"]:
@@ -128,6 +127,20 @@ class ReconcileProperties(TestCase):
             )
 
         check_invariants(reconcile().placed, schedulable())
+        # Agents report fewer GPUs: registration alone must leave no replica on the missing ones.
+        for index, keep in dropped:
+            if index < len(names) and keep < fleet[index]["gpus"]:
+                fleet[index]["gpus"] = keep
+                spec = fleet[index]
+                inventory = make_inventory(
+                    f"{names[index]}.example",
+                    gpus=keep,
+                    gpu_name=spec["gpu_name"],
+                    memory_total_bytes=spec["memory_gb"] * 2**30,
+                    fabrics=[protocol.Fabric(name=f, hcas=h) for f, h in spec["fabrics"].items()],
+                )
+                upsert_inventory(names[index], inventory)
+        check_invariants([], schedulable())
         for index, (admin_state, liveness) in later:
             if index < len(names):
                 Node.objects.filter(pk=names[index]).update(admin_state=admin_state, liveness=liveness)

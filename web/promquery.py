@@ -137,7 +137,14 @@ def node_charts(node_id: str) -> list[ChartSpec]:
         ChartSpec(
             "queue", "Queue depth per model", "count", f"sum by (model) (llmgw:shard_queue_depth{{{node}}})", "model"
         ),
+        ChartSpec("gpu_utilization", "GPU busy", "percent", _per_gpu("llmgw_gpu_utilization_percent", node), "name"),
+        ChartSpec("gpu_memory", "GPU memory used", "bytes", _per_gpu("llmgw_gpu_memory_used_bytes", node), "name"),
     ]
+
+
+def _per_gpu(metric: str, node: str) -> str:
+    """One series per GPU, named "GPU <index>" (a card swapped at an index continues its line)."""
+    return f'label_replace(max by (gpu) ({metric}{{{node}}}), "name", "GPU $1", "gpu", "(.*)")'
 
 
 def api_get(path: str, base_url: str | None, deadline: float, timeout: float = TIMEOUT) -> tuple[str, dict]:

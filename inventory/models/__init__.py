@@ -22,12 +22,13 @@ from inventory.models.deployments import (
     Shard,
 )
 from inventory.models.fabrics import FabricAttachment
-from inventory.models.gpus import GPU, HEALTH_OK, free_q, gpu_class
+from inventory.models.gpus import CONDITION_COLOURS, GPU, HEALTH_OK, GPUCondition, free_q, gpu_class
 from inventory.models.nodes import AGENT_FIELDS, EngineInstall, Node, NodeEvent, actor_name
 from inventory.models.storage import Filesystem, Weights
 
 __all__ = [
     "AGENT_FIELDS",
+    "CONDITION_COLOURS",
     "GPU",
     "HEALTH_OK",
     "LIVE_STATES",
@@ -43,6 +44,7 @@ __all__ = [
     "FabricAttachment",
     "Filesystem",
     "GPUClaim",
+    "GPUCondition",
     "Liveness",
     "Node",
     "NodeEvent",

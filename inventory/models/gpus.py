@@ -1,4 +1,10 @@
-"""GPUs: the accelerators a node reports, and the class placement asks for."""
+"""GPUs: the accelerators a node reports, their health, and the class placement asks for.
+
+A GPU has two verdicts. `health` is its agent's: "ok", or why the agent says
+it must not be used (a foreign process on it). `condition` is the control
+plane's, moved by the error evidence the agent samples (inventory.gpuhealth,
+docs/gpus.md): healthy, degraded or failed. Only a GPU both agree on is free.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +23,26 @@ _MEMORY_IN_NAME = re.compile(r"(\d{1,3})\s?GB\b", re.IGNORECASE)
 HEALTH_OK = "ok"
 
 
+class GPUCondition(models.TextChoices):
+    """The control plane's verdict on a GPU (inventory.gpuhealth moves it; docs/gpus.md has the rules)."""
+
+    HEALTHY = "healthy", "healthy"
+    # Takes no new shard; what runs on it stays. Back to healthy after enough clean samples.
+    DEGRADED = "degraded", "degraded"
+    # Takes nothing; the replica holding it is rebuilt elsewhere. Only an operator clears it.
+    FAILED = "failed", "failed"
+
+
+# One colour per condition, as STATE_COLOURS for nodes.
+CONDITION_COLOURS = {
+    GPUCondition.HEALTHY: "green",
+    GPUCondition.DEGRADED: "amber",
+    GPUCondition.FAILED: "red",
+}
+
+
 def free_q() -> Q:
-    """A GPU is free when it is healthy and no shard's allocation claims it.
+    """A GPU is free when its agent and the control plane both call it healthy and no shard's allocation claims it.
 
     The one definition, as a filter, for querysets and for `Count(..., filter=)`
     in aggregates. Whether its node may take new shards is a separate question
@@ -26,7 +50,7 @@ def free_q() -> Q:
     cordoned node's free GPUs, placement uses only those of ready nodes.
     """
     claimed = GPUClaim.objects.filter(node_id=OuterRef("node_id"), gpu_index=OuterRef("index"))
-    return Q(health=HEALTH_OK) & ~Exists(claimed)
+    return Q(health=HEALTH_OK, condition=GPUCondition.HEALTHY) & ~Exists(claimed)
 
 
 class GPUQuerySet(models.QuerySet):
@@ -62,7 +86,7 @@ def gpu_class(name: str, memory_bytes: int = 0) -> str:
 
 
 class GPU(models.Model):
-    """One accelerator. `health` is "ok", or the reason it must not be used."""
+    """One accelerator. `health` is its agent's verdict, `condition` the control plane's (module docstring)."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
@@ -72,6 +96,14 @@ class GPU(models.Model):
     memory_bytes = models.BigIntegerField(default=0)
     ecc_errors = models.PositiveIntegerField(default=0)
     health = models.CharField(max_length=1024, default=HEALTH_OK)
+    # The control plane's own fields: an inventory report never writes them
+    # (registration keeps them while the GPU keeps its uuid).
+    # Indexed: each reconcile pass looks for the few degraded and failed GPUs among all of them.
+    condition = models.CharField(
+        max_length=16, choices=GPUCondition.choices, default=GPUCondition.HEALTHY, db_index=True
+    )
+    condition_reason = models.CharField(max_length=1024, blank=True)
+    condition_since = models.DateTimeField(null=True, blank=True)
 
     objects = GPUQuerySet.as_manager()
 
@@ -87,5 +119,11 @@ class GPU(models.Model):
         super().save(*args, **kwargs)
 
     @property
-    def healthy(self) -> bool:
+    def agent_healthy(self) -> bool:
+        """Whether its agent calls it fit for use (the control plane may not: `condition`)."""
         return self.health == HEALTH_OK
+
+    @property
+    def healthy(self) -> bool:
+        """Free but for claims: as free_q, for one row in hand."""
+        return self.health == HEALTH_OK and self.condition == GPUCondition.HEALTHY

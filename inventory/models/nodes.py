@@ -133,12 +133,14 @@ class Node(models.Model):
 
 
 class NodeEvent(models.Model):
-    """One change of a node's liveness or admin state, or a registration."""
+    """One change of a node's liveness or admin state, a registration, or a change of one of its GPUs."""
 
     class Kind(models.TextChoices):
         LIVENESS = "liveness"
         ADMIN = "admin"
         REGISTRATION = "registration"
+        # A GPU's condition moved (inventory.gpuhealth) or an operator cleared it.
+        GPU = "gpu"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(default=timezone.now, db_index=True)

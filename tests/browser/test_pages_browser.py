@@ -9,7 +9,7 @@ import requests
 from django.utils import timezone
 
 from agent import protocol
-from agent.protocol import Load, ShardLoad
+from agent.protocol import GPULoad, Load, ShardLoad
 from devstack.polling import wait_until
 from inventory.liveness import change_liveness
 from inventory.models import Allocation, GPUClaim, Liveness
@@ -152,6 +152,7 @@ def test_charts_draw_what_prometheus_scraped_from_our_metrics(
         memory_used_bytes=100 * GIB,
         memory_available_bytes=412 * GIB,
         shards=[ShardLoad(shard="s0", cpu_cores=2.5, rss_bytes=12 * GIB)],
+        gpus=[GPULoad(index=0, uuid="GPU-ready-1.example-0", utilization_percent=87.0, memory_used_bytes=61 * GIB)],
     )
     loadstore.save("ready-1", loaded, time.time())
     target = live_server.url.removeprefix("http://")
@@ -161,10 +162,12 @@ def test_charts_draw_what_prometheus_scraped_from_our_metrics(
         for selector in (
             'llmgw_node_cpu_utilization_percent{node="ready-1"}',
             'llmgw_shard_cpu_cores{model="llama-3-8b"}',
+            'llmgw_gpu_utilization_percent{node="ready-1"}',
         ):
             wait_until(lambda s=selector: prometheus.samples(s) >= 2, 30, f"two scrapes of {selector}")
         log_in(page, live_server.url, "operator", "operator-pass", path="/nodes/ready-1/")
-        for key, value in (("cpu", "61%"), ("cores", "2.50"), ("shard_memory", "12 GiB")):
+        drawn = (("cpu", "61%"), ("cores", "2.50"), ("shard_memory", "12 GiB"), ("gpu_utilization", "87%"))
+        for key, value in (*drawn, ("gpu_memory", "61 GiB")):
             chart = page.locator(f'.chart[data-key="{key}"][data-drawn="true"]')
             chart.wait_for()
             assert int(chart.get_attribute("data-points")) >= 1

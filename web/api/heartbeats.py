@@ -23,7 +23,7 @@ from django.conf import settings
 
 import livestate
 from agent import protocol
-from inventory import desired, liveness
+from inventory import desired, gpuhealth, liveness
 from inventory.models import Liveness, Node, derive_state
 from inventory.registration import ReplayedInventory, upsert_inventory
 from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics, sequence
@@ -153,6 +153,13 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
     handling began, for the handling-time histogram.
     """
     card = caller.card
+    # GPU error evidence is rare and goes to the domain; it may fail a replica, so the cache is not trusted after.
+    evidence = gpuhealth.shows_evidence(beat.load)
+    if caller.applied and evidence:
+        gpuhealth.observe(card.node_id, beat.load.gpus, datetime.fromtimestamp(received_at, UTC))
+        specs = desired.sync_node(card.node_id, beat.shards)
+        _tally.add(selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started))
+        return heartbeat_reply(card, beat, specs)
     if caller.applied:
         specs = desired.from_cache(card.node_id, caller.shard_version, caller.cached_shards, beat.shards)
         if specs is None:
@@ -202,6 +209,8 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
             _warn_redis_down(REDIS_DOWN, exc)
     if not written:
         liveness.touch(Node(pk=card.node_id, liveness=card.liveness), at)
+    if evidence:
+        gpuhealth.observe(card.node_id, beat.load.gpus, at)
     specs = desired.sync_node(card.node_id, beat.shards, use_cache=caller.redis_up)
     return heartbeat_reply(card, beat, specs)
 

@@ -1,6 +1,6 @@
 """The fleet collector: built on each scrape from the inventory, fresh loads and own counters.
 
-Each scrape runs the five inventory queries and one Redis round trip (every
+Each scrape runs the six inventory queries and one Redis round trip (every
 node's rendered load with one MGET, the self-metrics hash with HGETALL,
 pipelined), so its cost in queries does not grow with the fleet. A node gone
 from the inventory has no series: nothing is carried over from one scrape to
@@ -40,6 +40,7 @@ class FleetCollector:
     def __init__(self):
         self.nodes = RowCache(_render_node)
         self.gpus = RowCache(_render_gpus)
+        self.gpu_conditions = RowCache(_render_gpu_condition)
         self.disks = RowCache(_render_disk)
         self.allocations = RowCache(_Allocation)
 
@@ -61,7 +62,7 @@ class FleetCollector:
         present = {row.facts.id for row in inv.nodes}
         allocations = self.allocations.refresh(row for row in inv.allocations if row.node in present)
 
-        for index, family in enumerate(families.NODE_LOAD):
+        for index, family in enumerate(loadlines.STORED):
             yield rendered(family, [stored.chunks[index] for _, stored in scrape.loads])
         shards = _shard_samples(scrape.loads, {a.shard: a for a in allocations})
         cpu, memory = families.SHARD_CPU.name.encode(), families.SHARD_MEMORY.name.encode()
@@ -84,6 +85,8 @@ class FleetCollector:
         yield rendered(families.GPUS, [text.count for text in gpus])
         yield rendered(families.GPUS_FREE, [text.free for text in gpus])
         yield rendered(families.GPU_MEMORY, [text.memory for text in gpus])
+        conditions = self.gpu_conditions.refresh(row for row in inv.gpu_conditions if row.node in present)
+        yield rendered(families.GPU_HEALTH, conditions)
         disks = self.disks.refresh(row for row in inv.disks if row.node in present)
         yield rendered(families.DISK_FREE, [text.free for text in disks])
         yield rendered(families.DISK_SIZE, [text.size for text in disks])
@@ -190,6 +193,11 @@ def _render_gpus(row: inventory_series.GPURow) -> RenderedGPUs:
         free=line(families.GPUS_FREE.name, labels, row.free).encode(),
         memory=line(families.GPU_MEMORY.name, labels, row.memory or 0).encode(),
     )
+
+
+def _render_gpu_condition(row: inventory_series.GPUConditionRow) -> bytes:
+    labels = labelset(gpu=str(row.index), node=row.node, state=row.condition, uuid=row.uuid)
+    return line(families.GPU_HEALTH.name, labels, 1).encode()
 
 
 class RenderedDisk(NamedTuple):

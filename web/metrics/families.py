@@ -7,6 +7,7 @@ family has the label `node`; shard families also `shard`, `replica`, `model`.
 from __future__ import annotations
 
 from livestate.loadlines import (
+    GPU_LOAD,
     NODE_LOAD,
     Family,
 )
@@ -26,6 +27,9 @@ LAST_HEARTBEAT = Family(
 GPUS = Family("llmgw_node_gpus", "GPUs of the class on the node.")
 GPUS_FREE = Family("llmgw_node_gpus_free", "GPUs of the class that are healthy and held by no shard.")
 GPU_MEMORY = Family("llmgw_node_gpu_memory_bytes", "Memory of the node's GPUs of the class, summed.")
+GPU_HEALTH = Family(
+    "llmgw_gpu_health", "Each GPU's condition (healthy, degraded or failed) as the label state; always 1."
+)
 DISK_FREE = Family("llmgw_node_local_disk_free_bytes", "Free bytes on the node's own (not shared) model filesystems.")
 DISK_SIZE = Family("llmgw_node_local_disk_size_bytes", "Size of the node's own (not shared) model filesystems.")
 SHARD_GPUS = Family("llmgw_shard_allocated_gpus", "GPUs allocated to the shard.")
@@ -39,6 +43,7 @@ INVENTORY = (
     GPUS,
     GPUS_FREE,
     GPU_MEMORY,
+    GPU_HEALTH,
     DISK_FREE,
     DISK_SIZE,
     SHARD_GPUS,
@@ -70,4 +75,4 @@ SELF = (
     STALE_HELD,
 )
 
-ALL = (LOADSTORE_UP, *NODE_LOAD, *SHARD_LOAD, *INVENTORY, *SELF)
+ALL = (LOADSTORE_UP, *NODE_LOAD, *GPU_LOAD, *SHARD_LOAD, *INVENTORY, *SELF)

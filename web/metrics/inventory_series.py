@@ -1,4 +1,4 @@
-"""The inventory as /metrics needs it: five queries, whatever the fleet size.
+"""The inventory as /metrics needs it: six queries, whatever the fleet size.
 
 Sums and counts per node are left to the database (GROUP BY) rather than done
 over one row per GPU here: at 10,000 nodes of 8 GPUs that is 10,000 rows
@@ -54,6 +54,15 @@ class GPURow(NamedTuple):
     memory: int | None
 
 
+class GPUConditionRow(NamedTuple):
+    """One GPU and the control plane's verdict on it (inventory.gpuhealth)."""
+
+    node: str
+    index: int
+    uuid: str
+    condition: str
+
+
 class DiskRow(NamedTuple):
     """A node's non-shared filesystems summed; only nodes with any filesystem have a row."""
 
@@ -77,12 +86,13 @@ class Inventory:
 
     nodes: list[NodeRow]
     gpus: list[GPURow]
+    gpu_conditions: list[GPUConditionRow]
     disks: list[DiskRow]
     allocations: list[AllocationRow]
 
 
 def read() -> Inventory:
-    """The whole fleet's inventory in exactly five queries."""
+    """The whole fleet's inventory in exactly six queries."""
     local = Q(shared=False)
     # GPUs per allocation counted apart and joined here: on PostgreSQL this is
     # half the time of a join or a correlated count over 40,000 allocations.
@@ -96,6 +106,12 @@ def read() -> Inventory:
                 GPU.objects.order_by()
                 .values_list("node_id", "gpu_class")
                 .annotate(count=Count("id"), free=Count("id", filter=free_q()), memory=Sum("memory_bytes"))
+            )
+        ],
+        gpu_conditions=[
+            GPUConditionRow._make(row)
+            for row in raw_rows(
+                GPU.objects.order_by("node_id", "index").values_list("node_id", "index", "uuid", "condition")
             )
         ],
         disks=[

@@ -18,8 +18,18 @@ from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 from django_htmx.http import HttpResponseStopPolling
 
-from agent.protocol import Load
-from inventory.models import REPLICA_COLOURS, Allocation, Node, NodeEvent, ReplicaState, Shard
+from agent.protocol import GPULoad, Load
+from inventory.models import (
+    CONDITION_COLOURS,
+    GPU,
+    REPLICA_COLOURS,
+    Allocation,
+    GPUCondition,
+    Node,
+    NodeEvent,
+    ReplicaState,
+    Shard,
+)
 from inventory.operator import ACTIONS
 from web import promalerts, promquery
 from web.views.access import login_required
@@ -76,6 +86,35 @@ def engine_rows(allocations: list[Allocation], load: Load | None, states: dict[s
         )
     for name, shard in sorted(measured.items()):
         rows.append(EngineRow(shard=name, cpu_cores=shard.cpu_cores, rss_bytes=shard.rss_bytes, unplaced=True))
+    return rows
+
+
+@dataclass
+class GPURow:
+    """One GPU: what the database knows of it, who holds it, and its figures from the fresh load (None if none)."""
+
+    gpu: GPU
+    holder: str | None = None
+    sample: GPULoad | None = None
+
+    @property
+    def condition(self) -> GPUCondition:
+        return GPUCondition(self.gpu.condition)
+
+    @property
+    def condition_colour(self) -> str:
+        return CONDITION_COLOURS[self.condition]
+
+
+def gpu_rows(gpus: list[GPU], holders: dict[int, str], load: Load | None) -> list[GPURow]:
+    """The node's GPUs with their holders and their samples; a sample of another card (uuid) is not theirs."""
+    samples = {sample.index: sample for sample in load.gpus} if load else {}
+    rows = []
+    for gpu in gpus:
+        sample = samples.get(gpu.index)
+        if sample is not None and sample.uuid and gpu.uuid and sample.uuid != gpu.uuid:
+            sample = None
+        rows.append(GPURow(gpu, holders.get(gpu.index), sample))
     return rows
 
 
@@ -170,7 +209,7 @@ def live_context(node: Node, now: float) -> dict:
         "engines": engine_rows(
             allocations, reading.load, dict(Shard.objects.filter(node=node).values_list("shard_id", "state"))
         ),
-        "gpus": [(gpu, holders.get(gpu.index)) for gpu in node.gpus.all()],
+        "gpus": gpu_rows(list(node.gpus.all()), holders, reading.load),
         "local_filesystems": [fs for fs in filesystems if not fs.shared],
         "shared_filesystems": [fs for fs in filesystems if fs.shared],
         "local_disk": node.local_disk(),
