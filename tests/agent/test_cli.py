@@ -4,6 +4,7 @@ import json
 import signal
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,10 @@ def test_print_without_once_is_a_usage_error(tmp_path):
 
 def test_the_unit_runs_the_documented_command():
     unit = (ROOT / "deploy" / "llmgw-agent.service").read_text()
-    assert "-m agent --config /etc/llmgw/agent.yaml" in unit
+    # The wheel's console script (pyproject.toml) is `python -m agent` under another name.
+    assert "/bin/llmgw-agent --config /etc/llmgw/agent.yaml" in unit
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["scripts"]["llmgw-agent"] == "agent.__main__:main"
     assert "RestartPreventExitStatus=2" in unit  # a bad config is not retried every few seconds
 
 
