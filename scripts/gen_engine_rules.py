@@ -1,7 +1,7 @@
 """Write deploy/rules/engines.rules.yml from the engine metrics table (agent/engine_metrics.py).
 
-python scripts/gen_engine_rules.py           # rewrite the file
-python scripts/gen_engine_rules.py --check   # exit 1 if the committed file is not what the table gives
+python -m scripts.gen_engine_rules           # rewrite the file
+python -m scripts.gen_engine_rules --check   # exit 1 if the committed file is not what the table gives
 """
 
 from __future__ import annotations
@@ -12,10 +12,9 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from agent import engine_metrics
 
-from agent import engine_metrics  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 TARGET = ROOT / "deploy" / "rules" / "engines.rules.yml"
 
@@ -51,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     text = render()
     if args.check:
         if TARGET.read_text() != text:
-            print(f"{TARGET.relative_to(ROOT)} is out of date: run python scripts/gen_engine_rules.py")
+            print(f"{TARGET.relative_to(ROOT)} is out of date: run python -m scripts.gen_engine_rules")
             return 1
         return 0
     TARGET.write_text(text)

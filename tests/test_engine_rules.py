@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 from pathlib import Path
@@ -11,6 +10,7 @@ import pytest
 
 from agent import engine_metrics
 from agent.engine_metrics import Signal
+from scripts import gen_engine_rules
 
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "deploy" / "rules"
@@ -19,10 +19,7 @@ needs_promtool = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing: 
 
 
 def generator():
-    spec = importlib.util.spec_from_file_location("gen_engine_rules", ROOT / "scripts" / "gen_engine_rules.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return gen_engine_rules
 
 
 def test_the_committed_rules_are_what_the_table_generates():

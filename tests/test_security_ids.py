@@ -36,7 +36,7 @@ def protocol_patterns() -> dict[str, str]:
 
 
 def test_the_protocol_declares_the_patterns_checked_here():
-    assert set(protocol_patterns()) == {"NodeId", "LabelKey"}
+    assert set(protocol_patterns()) == {"NodeId", "LabelKey", "GPUUuid"}
 
 
 @pytest.mark.parametrize("name", sorted(protocol_patterns()))
