@@ -48,11 +48,14 @@ def test_no_heartbeat_is_lost_beyond_the_agents_retry(report):
 
 
 def test_only_what_the_killed_instance_held_fails_a_first_try(report):
-    # The requests its two sync workers were serving when it died; every later one that
-    # HAProxy sent there was refused a connection and resent to the live instance.
+    # The requests it was serving or had queued when it died (502); every later one that
+    # HAProxy sent there was refused a connection and resent to the live instance, where
+    # a 503 would show it was not. HAProxy lets each instance hold one request per worker,
+    # and one more may be on its way in.
     figures = report["figures"]
-    assert figures["failed_first_try"] <= WORKERS, figures
     assert set(figures["first_try_statuses"]) <= {"502"}, figures
+    assert figures["failed_first_try"] <= 2 * WORKERS, figures
+    assert report["checks"]["first-try failures only requests in flight at the kill"]
 
 
 def test_no_node_changed_liveness(report):

@@ -91,6 +91,8 @@ def test_slow_clients_are_cut_by_the_proxy_while_every_heartbeat_is_answered(tmp
             "LLMGW_BEAT_PERIOD": "1",
             "LLMGW_UNREACHABLE_AFTER": str(UNREACHABLE_AFTER),
             "LLMGW_LOST_AFTER": "600",
+            # The whole fleet registers from one address at once.
+            "LLMGW_REGISTER_PER_MINUTE": "1000",
         },
         web_port=free_port(),
         workers=2,
@@ -108,17 +110,19 @@ def test_slow_clients_are_cut_by_the_proxy_while_every_heartbeat_is_answered(tmp
 
         async def scenario() -> float:
             beating = asyncio.gather(fleet.run(), canaries.run())
-            deadline = time.monotonic() + 30
-            while not all(node.last_ok_at for node in fleet.nodes + canaries.nodes):
-                assert time.monotonic() < deadline, "the fleet did not register and beat within 30 s"
-                await asyncio.sleep(0.2)
-            canaries.nodes[0].silent = True
-            started = time.time()
-            until = time.monotonic() + ATTACK_SECONDS
-            await asyncio.gather(*(slow_client(stack.web_port, attack, until) for _ in range(ATTACKERS)))
-            fleet.stop()
-            canaries.stop()
-            await beating
+            try:
+                deadline = time.monotonic() + 30
+                while not all(node.last_ok_at for node in fleet.nodes + canaries.nodes):
+                    assert time.monotonic() < deadline, "the fleet did not register and beat within 30 s"
+                    await asyncio.sleep(0.2)
+                canaries.nodes[0].silent = True
+                started = time.time()
+                until = time.monotonic() + ATTACK_SECONDS
+                await asyncio.gather(*(slow_client(stack.web_port, attack, until) for _ in range(ATTACKERS)))
+            finally:
+                fleet.stop()
+                canaries.stop()
+                await beating
             return started
 
         attack_started = asyncio.run(scenario())
