@@ -46,7 +46,7 @@ from bench.soaklib.fleet import Fleet, SimNode
 from bench.soaklib.postgres import PrivatePostgres, SharedPostgres
 from devstack import proxy
 from devstack.polling import wait_until
-from devstack.ports import free_port
+from devstack.ports import free_port, port_open
 from devstack.stack import Stack
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -206,8 +206,13 @@ class ScaleOut:
         served_before = await asyncio.to_thread(self.served)
 
         await asyncio.sleep(a.seconds / 3)
-        killed_at = time.time()
         await asyncio.to_thread(self.stack.stop, KILLED, signal.SIGKILL)
+        # Its listening socket goes with the last of its processes, a moment after the master is
+        # reaped; from then on a request can only be refused a connection, never answered 502,
+        # so a 502 for a request begun before then was one the instance held.
+        port = self.stack.backends[1].port
+        await asyncio.to_thread(wait_until, lambda: not port_open(port), 10, f"{KILLED}'s port to close")
+        killed_at = time.time()
         self.mark(f"{KILLED} killed (SIGKILL)")
         await asyncio.to_thread(wait_until, lambda: self.state_of(KILLED).startswith("DOWN"), 30, f"{KILLED} DOWN")
         down_after = time.time() - killed_at
@@ -248,6 +253,8 @@ class ScaleOut:
             "answered_per_second": round(sum(b.first == 200 or b.retried == 200 for b in beats) / (end - start), 1),
             "failed_first_try": len(failed_first),
             "first_try_statuses": dict(sorted(Counter(b.first for b in failed_first).items())),
+            # When each began, from the moment the killed instance was dead (negative: before).
+            "first_try_failures_began_s": [round(b.at - killed_at, 2) for b in failed_first],
             "answered_on_retry": sum(b.retried == 200 for b in failed_first),
             "lost_after_retry": len(lost),
             "p50_ms": round(statistics.median(latencies), 1) if latencies else 0.0,

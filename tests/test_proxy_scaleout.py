@@ -55,7 +55,7 @@ def test_only_what_the_killed_instance_held_fails_a_first_try(report):
     figures = report["figures"]
     assert set(figures["first_try_statuses"]) <= {"502"}, figures
     assert figures["failed_first_try"] <= 2 * WORKERS, figures
-    assert report["checks"]["first-try failures only requests in flight at the kill"]
+    assert report["checks"]["first-try failures only requests in flight at the kill"], figures
 
 
 def test_no_node_changed_liveness(report):
