@@ -13,7 +13,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "haproxy.cfg"
-PLACEHOLDERS = ("bind", "servers", "stats_socket")
 
 
 @dataclass(frozen=True)
@@ -38,7 +37,7 @@ def render(bind: str, backends: list[Backend], stats_socket: Path, template: str
     text = TEMPLATE.read_text() if template is None else template
     # One request per sync worker at a time: the rest wait in HAProxy's queue, not in gunicorn's backlog.
     servers = "\n".join(f"    server {b.name} 127.0.0.1:{b.port} maxconn {b.workers}" for b in backends)
-    for name, value in (("bind", bind), ("servers", servers), ("stats_socket", str(stats_socket))):
+    for name, value in {"bind": bind, "servers": servers, "stats_socket": str(stats_socket)}.items():
         text = text.replace("{{" + name + "}}", value)
     if "{{" in text:
         raise ValueError(f"unfilled placeholder in {TEMPLATE}: {text[text.index('{{') :].splitlines()[0]}")
