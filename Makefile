@@ -26,7 +26,8 @@ run: $(BIN)/.installed sysdeps
 test: $(BIN)/.installed sysdeps-test
 	$(BIN)/python -m pytest
 
-# Every module in bench/ but the soak, each run as `python -m bench.NAME` from the repository root.
+# Every module in bench/ but the soak, each run as `python -m bench.NAME` from the repository root
+# (bench.heartbeat and bench.scaleout need PostgreSQL at BENCH_POSTGRES, default 127.0.0.1:5432).
 BENCHES = $(filter-out __init__ soak,$(basename $(notdir $(wildcard bench/*.py))))
 bench: $(BIN)/.installed sysdeps-bench
 	@for b in $(BENCHES); do echo "## bench.$$b"; $(BIN)/python -m bench.$$b || exit 1; done

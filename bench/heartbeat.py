@@ -274,7 +274,7 @@ def main() -> int:
     try:
         stack.start(stack.redis_part())
         stack.prepare()
-        stack.start(stack.web_part())
+        stack.start_web()
         base = f"http://127.0.0.1:{stack.web_port}"
 
         # Celery (the sweeper) starts once every node has beaten: a fleet that

@@ -154,7 +154,7 @@ def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dic
     built = time.perf_counter() - started
 
     stack = Stack(var / f"stack-{size}", env=env, web_port=free_port(), workers=1)
-    stack.start(stack.web_part())
+    stack.start_web()
     try:
         master = psutil.Process(stack.parts["web"].process.pid)
         worker = master.children()[0]

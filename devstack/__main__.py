@@ -26,7 +26,7 @@ def main() -> int:
         redis = stack.redis_part()
         stack.start(redis)
         password = stack.prepare()
-        stack.start(stack.web_part())
+        stack.start_web()
         stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
         stack.manage("setup_demo", "--var-dir", str(var), capture=True)
@@ -42,6 +42,8 @@ def main() -> int:
     print(f"  cluster page   {base}/")
     print(f"  admin          {base}/admin/")
     print(f"  fleet metrics  {base}/metrics")
+    backends = ", ".join(f"127.0.0.1:{b.port}" for b in stack.backends)
+    print(f"  proxy          HAProxy at {base}, in front of gunicorn at {backends} ({stack.var / 'haproxy.cfg'})")
     if "prometheus" in stack.parts:
         print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
     print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))

@@ -1,6 +1,9 @@
-"""The whole llmgw stack as named processes: Redis, gunicorn, Celery worker and beat, Prometheus, an agent.
+"""The whole llmgw stack as named processes: Redis, HAProxy, gunicorn, Celery worker and beat, Prometheus, an agent.
 
-`make run` (`python -m devstack`) starts them all. Each part has its log under
+`make run` (`python -m devstack`) starts them all. Clients reach the web tier only
+through HAProxy (devstack/proxy.py, deploy/haproxy.cfg) on `web_port`, which reads
+whole requests before a gunicorn worker is spent on one; each gunicorn instance
+binds a loopback port of its own that only HAProxy uses. Each part has its log under
 var/log/, so tests, benchmarks and the soak can start, kill and restart parts
 one by one through the same `Stack`.
 """
@@ -18,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
+from devstack import proxy
 from devstack.polling import wait_until
-from devstack.ports import port_open
+from devstack.ports import free_port, port_open
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
@@ -45,6 +49,7 @@ class Stack:
         web_port: int = 8000,
         prometheus_port: int = 9090,
         workers: int | None = None,
+        web_instances: int = 1,
     ):
         self.var = var_dir
         self.logs = var_dir / "log"
@@ -52,10 +57,17 @@ class Stack:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.setdefault("LLMGW_VAR_DIR", str(var_dir))
         self.env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
+        # Clients' port, HAProxy's; gunicorn instances each take a free one behind it.
         self.web_port = web_port
+        # HAProxy adds the one X-Forwarded-For entry the control plane may trust.
+        self.env.setdefault("LLMGW_PROXY_HOPS", "1")
         self.prometheus_port = prometheus_port
         self.env.setdefault("PROMETHEUS_URL", f"http://127.0.0.1:{prometheus_port}")
         self.workers = workers or default_workers()
+        self.backends = [
+            proxy.Backend("web" if i == 0 else f"web-{i}", free_port(), self.workers) for i in range(web_instances)
+        ]
+        self.stats_socket = var_dir / "haproxy.sock"
         if not self.env.get("LLMGW_JOIN_TOKEN") and not self.env.get("LLMGW_JOIN_TOKEN_FILE"):
             token_file = var_dir / "join-token"
             if not token_file.exists():
@@ -92,16 +104,18 @@ class Stack:
             ready=lambda: port_open(port),
         )
 
-    def web_part(self) -> Part:
+    def web_part(self, instance: int = 0) -> Part:
+        """gunicorn instance `instance` (named "web", "web-1", …) on its own port behind the proxy."""
+        backend = self.backends[instance]
         return Part(
-            "web",
+            backend.name,
             [
                 str(BIN / "gunicorn"),
                 "llmgw_site.wsgi",
                 "--workers",
                 str(self.workers),
                 "--bind",
-                f"127.0.0.1:{self.web_port}",
+                f"127.0.0.1:{backend.port}",
                 "--access-logfile",
                 "-",
                 "--logger-class",
@@ -109,8 +123,23 @@ class Stack:
                 "--graceful-timeout",
                 "5",
             ],
+            ready=lambda: port_open(backend.port),
+        )
+
+    def proxy_part(self) -> Part:
+        config = self.var / "haproxy.cfg"
+        config.write_text(proxy.render(f"127.0.0.1:{self.web_port}", self.backends, self.stats_socket))
+        return Part(
+            "proxy",
+            [proxy.haproxy_binary(), "-db", "-f", str(config)],
             ready=lambda: port_open(self.web_port),
         )
+
+    def start_web(self) -> None:
+        """Every gunicorn instance, then the proxy in front of them: what clients reach at `web_port`."""
+        for instance in range(len(self.backends)):
+            self.start(self.web_part(instance))
+        self.start(self.proxy_part())
 
     def celery_part(self) -> Part:
         # One worker with an embedded beat is right for one machine; production
@@ -221,7 +250,7 @@ class Stack:
 
     def start_all(self) -> None:
         self.start(self.redis_part())
-        self.start(self.web_part())
+        self.start_web()
         self.start(self.celery_part())
         self.start(self.prometheus_part())
         self.start(self.agent_part())

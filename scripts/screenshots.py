@@ -206,7 +206,7 @@ def demo() -> int:
     try:
         stack.start(stack.redis_part())
         password = stack.prepare()
-        stack.start(stack.web_part())
+        stack.start_web()
         seed_demo_fleet(var, stack.env["REDIS_URL"])
         save_demo_loads()
         stack.start(stack.prometheus_part())

@@ -47,7 +47,7 @@ def test_the_demo_deployment_runs_and_prometheus_scrapes_its_engines(tmp_path, r
     try:
         stack.manage("migrate", "--noinput", "-v0")
         stack.manage("ensure_admin", "--password", "demo-pass-e2e", capture=True)
-        stack.start(stack.web_part())
+        stack.start_web()
         stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
         stack.manage("setup_demo", "--var-dir", str(tmp_path), "--control-plane", base, capture=True)

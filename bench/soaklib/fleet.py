@@ -270,9 +270,10 @@ class Fleet:
         node.acknowledged_hash = message.inventory_hash
         return True
 
-    async def beat(self, node: SimNode) -> None:
+    async def beat(self, node: SimNode) -> int:
+        """One heartbeat (registering first if need be); its HTTP status, 0 when none came."""
         if node.token is None and not await self.register(node):
-            return
+            return 0
         message = node.heartbeat()
         node.inflight = True
         try:
@@ -283,19 +284,20 @@ class Fleet:
             node.stored_until = time.time()
         if status == 401:
             node.token = None  # the agent registers again, so does the simulator
-            return
+            return status
         if status != 200:
-            return
+            return status
         node.last_ok_at = node.stored_until
         try:
             reply = protocol.decode(content, protocol.HeartbeatReply)
         except (msgspec.ValidationError, msgspec.DecodeError):
-            return
+            return status
         if message.inventory is not None:
             node.acknowledged_hash = message.inventory_hash
         node.inventory_wanted = reply.inventory_wanted
         if reply.shards is not None:
             node.shards = {spec.shard: spec for spec in reply.shards[: protocol.MAX_SHARDS]}
+        return status
 
     async def run_node(self, node: SimNode) -> None:
         # Spread the fleet over one interval, as real nodes booted at different times are.

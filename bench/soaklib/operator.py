@@ -1,9 +1,10 @@
 """An operator at the admin: logs in with a real session and posts cordon, drain and uncordon with CSRF.
 
-The soak's stack runs with production settings (DEBUG off), as if behind a TLS
-proxy: requests carry `X-Forwarded-Proto: https` and an `Origin`, and the
-session and CSRF cookies (marked Secure) are carried by hand since this client
-speaks plain HTTP to gunicorn.
+The soak's stack runs with production settings (DEBUG off) behind its HAProxy,
+which sets `X-Forwarded-Proto` itself (http: it ends no TLS here) whatever a
+client sends, so requests carry the plain-HTTP `Origin` and `Referer` Django's
+CSRF check compares with, and the session and CSRF cookies (marked Secure, as in
+production) are carried by hand since this client speaks plain HTTP.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ class Operator:
         self.session.cookies.set_policy(DefaultCookiePolicy(allowed_domains=[]))
         self.cookies: dict[str, str] = {}
         host = self.base.split("://", 1)[1]
-        self.session.headers.update({"X-Forwarded-Proto": "https", "Origin": f"https://{host}"})
+        self.session.headers.update({"Origin": f"http://{host}"})
         self.logged_in = False
 
     def _keep_cookies(self, response: requests.Response) -> None:
@@ -48,7 +49,7 @@ class Operator:
             self.base + path,
             data=[*data, ("csrfmiddlewaretoken", token)],
             cookies=self.cookies,
-            headers={"Referer": f"https://{self.base.split('://', 1)[1]}{path}"},
+            headers={"Referer": f"{self.base}{path}"},
             timeout=self.timeout,
             allow_redirects=False,
         )

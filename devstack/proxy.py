@@ -1,0 +1,72 @@
+"""HAProxy in front of the stack's gunicorn instances: its config from deploy/haproxy.cfg, and its state.
+
+The stack's public port is HAProxy's; each gunicorn instance binds a loopback port
+that only HAProxy uses, as each would be a host of its own in production.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "deploy" / "haproxy.cfg"
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One gunicorn instance as HAProxy sees it: a name, a port and how many requests it takes at once."""
+
+    name: str
+    port: int
+    workers: int
+
+
+def haproxy_binary() -> str:
+    """Debian installs haproxy in /usr/sbin, which is not on every user's PATH."""
+    found = shutil.which("haproxy") or shutil.which("haproxy", path="/usr/sbin:/usr/local/sbin")
+    if found is None:
+        raise RuntimeError("haproxy is not installed: apt-get install haproxy (make run installs it)")
+    return found
+
+
+def render(bind: str, backends: list[Backend], stats_socket: Path, template: str | None = None) -> str:
+    """deploy/haproxy.cfg with its placeholders filled; a placeholder left over is a mistake, not a default."""
+    text = TEMPLATE.read_text() if template is None else template
+    # One request per sync worker at a time: the rest wait in HAProxy's queue, not in gunicorn's backlog.
+    servers = "\n".join(f"    server {b.name} 127.0.0.1:{b.port} maxconn {b.workers}" for b in backends)
+    for name, value in {"bind": bind, "servers": servers, "stats_socket": str(stats_socket)}.items():
+        text = text.replace("{{" + name + "}}", value)
+    if "{{" in text:
+        raise ValueError(f"unfilled placeholder in {TEMPLATE}: {text[text.index('{{') :].splitlines()[0]}")
+    return text
+
+
+def ask(stats_socket: Path, command: str, timeout: float = 5.0) -> str:
+    """One command on HAProxy's stats socket (`show stat`, `show servers state`, …); its whole answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(str(stats_socket))
+        sock.sendall(command.encode() + b"\n")
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks).decode()
+
+
+def stats(stats_socket: Path) -> list[dict[str, str]]:
+    """`show stat` as rows: pxname, svname (a server, FRONTEND or BACKEND), status, wretr, wredis, hrsp_5xx, …"""
+    lines = ask(stats_socket, "show stat").splitlines()
+    header = lines[0].lstrip("# ").split(",")
+    return [dict(zip(header, line.split(","), strict=False)) for line in lines[1:] if line]
+
+
+def server_states(stats_socket: Path, backend: str = "web") -> dict[str, str]:
+    """Each server of `backend` and what the health checks make of it (UP, DOWN, …)."""
+    return {
+        row["svname"]: row["status"]
+        for row in stats(stats_socket)
+        if row["pxname"] == backend and row["svname"] not in ("FRONTEND", "BACKEND")
+    }

@@ -1,0 +1,144 @@
+"""The proxy's limits, through the stack as `make run` starts it (HAProxy, one gunicorn worker behind it).
+
+One worker makes a held worker visible: any request the proxy let through before it
+was whole would keep every other request waiting.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from agent import protocol
+from devstack.ports import free_port
+from devstack.stack import Stack
+
+pytestmark = pytest.mark.slow
+
+REGISTER_PER_MINUTE = 3
+# deploy/haproxy.cfg's `timeout http-request`.
+HTTP_REQUEST_TIMEOUT = 10.0
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory, redis_server):
+    var = tmp_path_factory.mktemp("proxy-limits")
+    stack = Stack(
+        var,
+        env={
+            "DATABASE_URL": f"sqlite:///{var / 'llmgw.sqlite3'}",
+            "REDIS_URL": redis_server if isinstance(redis_server, str) else redis_server.url,
+            "LLMGW_REGISTER_PER_MINUTE": str(REGISTER_PER_MINUTE),
+        },
+        web_port=free_port(),
+        workers=1,
+    )
+    try:
+        stack.manage("migrate", "--noinput", "-v0")
+        stack.start_web()
+        yield stack
+    finally:
+        stack.stop_all()
+
+
+def exchange(port: int, head: bytes, body: bytes = b"", source: str = "127.0.0.1", timeout: float = 15) -> bytes:
+    """Send raw bytes, read the whole answer (the proxy closes after it)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout, source_address=(source, 0)) as sock:
+        sock.sendall(head + body)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def status_of(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_a_body_over_512_kib_is_refused_by_the_proxy_naming_the_field(stack):
+    head = (
+        b"POST /api/v1/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\nConnection: close\r\n\r\n" % (protocol.MAX_BODY_BYTES + 1)
+    )
+    # Refused on the headers alone: no byte of the body is sent.
+    answer = exchange(stack.web_port, head)
+    assert status_of(answer) == 413
+    body = answer.partition(b"\r\n\r\n")[2]
+    assert json.loads(body) == {"field": "$", "reason": f"the body is larger than {protocol.MAX_BODY_BYTES} bytes"}
+
+
+def test_a_whole_512_kib_body_sent_slowly_holds_no_worker(stack):
+    base = f"http://127.0.0.1:{stack.web_port}"
+    body = b'{"padding": "' + b"x" * (protocol.MAX_BODY_BYTES - 15) + b'"}'
+    assert len(body) == protocol.MAX_BODY_BYTES
+    head = (
+        b"POST /api/v1/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer nobody.nothing\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+    )
+    answers: list[bytes] = []
+    body_sent_at: list[float] = []
+    pieces = 8
+
+    def slow_sender() -> None:
+        with socket.create_connection(("127.0.0.1", stack.web_port), timeout=20) as sock:
+            sock.sendall(head)
+            for i in range(pieces):
+                if i:
+                    time.sleep(0.5)  # the attack itself: a body trickling in, not synchronisation
+                sock.sendall(body[i * len(body) // pieces : (i + 1) * len(body) // pieces])
+            body_sent_at.append(time.monotonic())
+            chunks = []
+            while chunk := sock.recv(65536):
+                chunks.append(chunk)
+            answers.append(b"".join(chunks))
+
+    sender = threading.Thread(target=slow_sender)
+    sender.start()
+    # The only worker answers others while the body trickles in: the proxy holds it, not the worker,
+    # which would otherwise answer nothing else until the last piece came.
+    answered_at = []
+    while sender.is_alive():
+        assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
+        answered_at.append(time.monotonic())
+    sender.join()
+    assert len([at for at in answered_at if at < body_sent_at[0]]) >= 3
+    # Then passed on whole: the control plane itself answered (a wrong token), not the proxy.
+    assert status_of(answers[0]) == 401, answers[0][:200]
+
+
+def test_a_body_that_stops_coming_is_cut_by_the_proxy_and_holds_no_worker(stack):
+    base = f"http://127.0.0.1:{stack.web_port}"
+    head = (
+        b"POST /api/v1/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1000\r\nConnection: close\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", stack.web_port), timeout=20) as sock:
+        opened = time.monotonic()
+        sock.sendall(head + b'{"load": ')
+        # The only worker is free meanwhile.
+        assert requests.get(f"{base}/healthz", timeout=5).status_code == 200
+        answer = sock.recv(65536)
+        held = time.monotonic() - opened
+    assert status_of(answer) == 408
+    assert HTTP_REQUEST_TIMEOUT - 1 <= held <= HTTP_REQUEST_TIMEOUT + 4, held
+
+
+def test_each_agent_address_is_limited_on_its_own_and_a_forged_forwarded_for_changes_nothing(stack):
+    def register(source: str, forged: str) -> int:
+        head = (
+            b"POST /api/v1/register HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"X-Forwarded-For: %s\r\nContent-Length: 2\r\nConnection: close\r\n\r\n" % forged.encode()
+        )
+        return status_of(exchange(stack.web_port, head, b"{}", source=source))
+
+    # One client writing a new address each time is still counted as the address it comes from.
+    first = [register("127.0.0.7", f"10.9.9.{i}") for i in range(REGISTER_PER_MINUTE + 1)]
+    assert first[-1] == 429, first
+    assert 429 not in first[:-1], first
+    # Another agent's address has its own budget, though both reach gunicorn from the proxy.
+    assert register("127.0.0.8", "127.0.0.7") != 429
