@@ -136,7 +136,7 @@ def test_a_rack_is_drained_by_script_while_its_replicas_move(tmp_path, redis_ser
             "-c",
             "from django.contrib.auth.models import User; User.objects.create_user('viewer', password='viewer-pass')",
         )
-        stack.start(stack.web_part())
+        stack.start_web()
         stack.start(stack.celery_part())
         fleet.join_token = (tmp_path / "join-token").read_text().strip()
         fleet_thread.start()
