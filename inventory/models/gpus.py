@@ -112,7 +112,8 @@ class GPU(models.Model):
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="unique_gpu_index_per_node")]
 
     def __str__(self) -> str:
-        return f"{self.node_id}/gpu{self.index} {self.gpu_class}"
+        # Ids only, never the reported name: the admin shows this text without bidi isolation.
+        return f"{self.node_id}/gpu{self.index}"
 
     def save(self, *args, **kwargs):
         self.gpu_class = gpu_class(self.name, self.memory_bytes)
