@@ -59,8 +59,9 @@ if redis.sha1hex(salt .. expected) ~= redis.sha1hex(salt .. secret_digest) then
   return {'unauthorized'}
 end
 
--- A node coming back to life, or a new inventory, is the database's business.
-if mode ~= 'apply' or card[3] ~= 'alive' then
+-- A new inventory is the database's business. A node coming back to life is not:
+-- its time is noted like any other, and the sweep's flush revives it in bulk.
+if mode ~= 'apply' then
   return {'card', raw}
 end
 redis.call('HSET', heartbeats_key, node_id, received_at)

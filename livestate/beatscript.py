@@ -4,13 +4,16 @@ At 2,000 heartbeats a second, each Redis round trip costs the web workers more
 CPU than the rest of the heartbeat, so `beatscript.lua` does in one call what
 took five: refuse an address that has guessed too many tokens, count the
 token's heartbeats against its limit, read the node's card and check the
-secret against it (in constant time), and, for a live node sending no
-inventory, note the heartbeat's time, store its load and read the node's shard
-version and cached shard list.
+secret against it (in constant time), and, for a node sending no inventory,
+note the heartbeat's time, store its load and read the node's shard version
+and cached shard list. That includes an unreachable or lost node: its noted
+time is all it takes to bring it back, since the sweep's flush revives every
+node it finds there in bulk (inventory.liveness); the caller answers it as
+alive at once.
 
 Whatever it cannot settle it hands back without writing anything: a card that
-is missing or stale (`stale`: the caller reads the database), a node coming
-back to life or a new inventory (`card`: the caller writes the database). Its
+is missing or stale (`stale`: the caller reads the database), or a new
+inventory (`card`: the caller writes the database). Its
 counters use the same keys as `livestate.limits`, so its limits are those of
 the rest of the agent API.
 

@@ -66,6 +66,28 @@ def invalidate(node_id: str) -> None:
     transaction.on_commit(lambda: _bump(node_id))
 
 
+def invalidate_many(node_ids: list[str]) -> None:
+    """`invalidate` for many nodes in one round trip each time, for changes made in bulk.
+
+    Bulk changes (`QuerySet.update`, `bulk_create`) send no `post_save`, so the
+    receivers that invalidate a node's cards on its events never hear of them:
+    whoever changes many nodes at once calls this.
+    """
+    if node_ids:
+        _bump_many(node_ids)
+        transaction.on_commit(lambda: _bump_many(node_ids))
+
+
+def _bump_many(node_ids: list[str]) -> None:
+    try:
+        pipe = livestate.client().pipeline(transaction=False)
+        for node_id in node_ids:
+            pipe.incr(keys.generation(node_id))
+        pipe.execute()
+    except redis.RedisError as exc:
+        log.warning("%d node cards not invalidated (they expire in %d s): %s", len(node_ids), CARD_TTL_SECONDS, exc)
+
+
 def _bump(node_id: str) -> None:
     try:
         livestate.client().incr(keys.generation(node_id))
