@@ -183,7 +183,7 @@ def writes(captured: CaptureQueriesContext) -> list[str]:
 def test_marking_200_nodes_unreachable_is_a_few_statements_per_batch(client, clock, settings, monkeypatch):
     settings.LLMGW_DISRUPTION_THRESHOLD = 1.0
     monkeypatch.setattr(liveness, "FLUSH_BATCH", 50)
-    fleet = Fleet(client, clock, 200)
+    Fleet(client, clock, 200)  # registered at START, silent since
     clock.move_to(at(13))
 
     with CaptureQueriesContext(connection) as swept:
