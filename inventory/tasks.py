@@ -47,7 +47,9 @@ def mark_stale() -> dict:
         "lost": result.lost,
         "failed": result.failed,
         "held": result.held,
-        "graced": outcome.grace_reason or result.graced,
+        "graced": result.graced,
+        # Why a grace period began or went on in this run, if one did (inventory.sweep).
+        "grace": outcome.grace_reason,
     }
 
 

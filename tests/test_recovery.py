@@ -24,7 +24,7 @@ from devstack.faults import redis_unreachable
 from inventory import liveness, sweep
 from inventory.models import Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
-from livestate import keys, locks, selfmetrics
+from livestate import cards, keys, locks, selfmetrics
 from nodes.api import heartbeats as heartbeat_view
 from tests.agentapi import JOIN_TOKEN, heartbeat, register, reply_of
 
@@ -115,7 +115,7 @@ def test_after_the_web_tier_stops_for_longer_than_the_threshold_no_node_is_marke
     fleet.silent.add(dead)  # one node really dies at the same moment
     fleet.run(4, 34, web=False)
     assert fleet.marked_unreachable() == {}, "no heartbeat anywhere is the control plane's silence"
-    assert any("no heartbeat accepted anywhere" in str(summary["graced"]) for _, summary in fleet.summaries)
+    assert any("no heartbeat accepted anywhere" in str(summary["grace"]) for _, summary in fleet.summaries)
 
     # It comes back: within one heartbeat interval every live node has beaten and been revived by a flush.
     fleet.run(36, 38)
@@ -139,7 +139,7 @@ def test_after_the_whole_control_plane_stops_the_fleet_gets_a_grace_period_and_n
     # Back at 52 s: half the fleet beats at 52, the other half at 54. Without a grace
     # period the sweep at 52 would mark the second half, silent for 52 s by the database.
     fleet.run(52, 52)
-    assert "no sweep ran for 50 s" in fleet.summaries[-1][1]["graced"]
+    assert "no sweep ran for 50 s" in fleet.summaries[-1][1]["grace"]
     fleet.run(54, 66)
 
     assert fleet.marked_unreachable() == {}
@@ -245,7 +245,7 @@ def test_while_redis_is_down_the_sweep_skips_and_afterwards_gives_the_fleet_its_
     livestate.reset_client()
 
     fleet.run(22, 32)
-    assert "no sweep ran for 10 s" in fleet.summaries[-6][1]["graced"]
+    assert "no sweep ran for 10 s" in fleet.summaries[-6][1]["grace"]
     assert fleet.marked_unreachable() == {}, "graced until 34 s"
     fleet.run(34, 34)
     assert fleet.marked_unreachable() == {"n000": [34.0]}
@@ -266,3 +266,29 @@ def test_a_fleet_falling_silent_is_believed_when_the_disruption_rules_are_off(cl
     fleet.run(0, 12)
     fleet.run(14, 26, web=False)
     assert sorted(fleet.marked_unreachable()) == ["n000", "n001", "n002", "n003"]
+
+
+def cached_card(redis_client, node_id: str) -> cards.NodeCard | None:
+    """The node's card in Redis if it is current (its generation is the node's), else None."""
+    raw = redis_client.get(keys.card(node_id))
+    generation = int(redis_client.get(keys.generation(node_id)) or 0)
+    card = cards.decode(raw) if raw else None
+    return card if card is not None and card.generation == generation else None
+
+
+def test_a_cached_card_follows_the_bulk_changes_of_liveness(client, clock, redis_client, settings):
+    settings.LLMGW_DISRUPTION_THRESHOLD = 1.0
+    fleet = Fleet(client, clock, 2)
+    fleet.run(0, 4)
+    assert cached_card(redis_client, "n000").liveness == Liveness.ALIVE
+
+    fleet.run(6, 18, web=False)
+    assert liveness_counts() == {Liveness.UNREACHABLE: 2}
+    assert cached_card(redis_client, "n000") is None, "marking made it stale"
+
+    fleet.step(20, sweeps=False)  # n000 beats: its card is read again, as the database has it
+    assert cached_card(redis_client, "n000").liveness == Liveness.UNREACHABLE
+    fleet.step(22)  # the flush revives it, and makes that card stale
+    assert cached_card(redis_client, "n000") is None
+    fleet.step(24)
+    assert cached_card(redis_client, "n000").liveness == Liveness.ALIVE
