@@ -14,9 +14,10 @@ database directly (`touch`), and revive its node there.
 
 Changes of many nodes at once (revivals, unreachable marking) are one
 compare-and-set UPDATE per batch of ids (`... WHERE liveness = old RETURNING id`)
-and one INSERT of their events; neither sends `post_save`, so these paths make
-the nodes' cached cards stale themselves (`livestate.cards.invalidate_many`). A batch that raises is done again node by
-node, so one bad row cannot stop the others.
+and one INSERT of their events, all batches in one transaction; neither sends
+`post_save`, so these paths make the nodes' cached cards stale themselves
+(`livestate.cards.invalidate_many`). A batch that raises is undone alone (a
+savepoint) and done again node by node, so one bad row cannot stop the others.
 
 When most of the fleet is unreachable at once (more than
 LLMGW_DISRUPTION_THRESHOLD of the nodes not lost, and at least two), the sweep
