@@ -30,6 +30,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -111,12 +112,8 @@ class Run:
             while any(node.token is None for node in fleet.nodes) and time.time() < started + a.nodes:
                 await asyncio.sleep(1)
             registered = sum(node.token is not None for node in fleet.nodes)
-            tries = [r for r in fleet.requests if r.kind == "register"]
-            print(
-                f"registered {registered} nodes in {time.time() - started:.0f} s "
-                f"({len(tries)} tries, {sum(r.status != 200 for r in tries)} refused or unanswered)",
-                file=sys.stderr,
-            )
+            outcomes = Counter((r.kind, r.status, r.error) for r in fleet.requests)
+            print(f"registered {registered} nodes in {time.time() - started:.0f} s: {outcomes}", file=sys.stderr)
             warm = await self.wait_all_alive(time.time() + max(120, a.nodes / 20))
             counts = await asyncio.to_thread(liveness_counts)
             print(f"all alive before the outage: {warm} ({counts})", file=sys.stderr)
