@@ -17,6 +17,11 @@ within 60 s), how many nodes were marked unreachable during the outage and
 after the return (target: none; a node marked after the return is a flap), the
 most nodes unreachable at once, and the heartbeats answered after the return.
 Prints a Markdown table and writes bench/results/recovery.json.
+
+With `--disruption-threshold 1` the sweep believes the fleet's silence (the
+rule that marks nobody while no heartbeat arrives is off), so the outage
+marks every node unreachable and the return measures their revival in bulk;
+that run writes bench/results/recovery-revivals.json.
 """
 
 from __future__ import annotations
@@ -78,6 +83,7 @@ class Run:
             "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
             "LLMGW_JOIN_TOKEN": self.join_token,
             "LLMGW_HEARTBEAT_INTERVAL": str(a.interval),
+            "LLMGW_DISRUPTION_THRESHOLD": str(a.disruption_threshold),
             # The whole simulated fleet registers from 127.0.0.1.
             "LLMGW_REGISTER_PER_MINUTE": str(max(a.nodes * 4, 100)),
             "LLMGW_VAR_DIR": str(self.var),
@@ -157,6 +163,8 @@ class Run:
             "most_unreachable": most_unreachable,
             "answered_after": answered,
             "sent_after": len(after),
+            "latencies": sorted(r.seconds for r in after if r.status == 200),
+            "timeline": self.timeline,
             "load": os.getloadavg()[0],
         }
 
@@ -168,7 +176,8 @@ def report(args: argparse.Namespace, result: dict) -> None:
     alive_after = result["all_alive_after"]
     figures = [
         figure(
-            f"every one of {args.nodes} nodes alive again after the web tier's {args.outage:g} s outage",
+            f"every one of {args.nodes} nodes alive again after the web tier's {args.outage:g} s outage "
+            f"(LLMGW_DISRUPTION_THRESHOLD={args.disruption_threshold:g})",
             round(alive_after, 1) if alive_after is not None else f"not within {args.watch:g} s",
             "s after its return",
             TARGET_SECONDS,
@@ -184,13 +193,24 @@ def report(args: argparse.Namespace, result: dict) -> None:
         ),
         figure("machine's load average (1 min) at the end", round(result["load"], 1), ""),
     ]
+    latencies = result["latencies"]
+    if latencies:
+        for share in (0.5, 0.99):
+            seconds = latencies[min(int(share * len(latencies)), len(latencies) - 1)]
+            figures.append(figure(f"heartbeat p{share * 100:g} after the return", round(seconds, 3), "s"))
+    for mark in (5, 10, 20, 30, 45, 60):
+        alive = next((alive for seconds, alive, _ in result["timeline"] if seconds >= mark), None)
+        if alive is not None:
+            figures.append(figure(f"nodes alive {mark} s after the return", alive, "nodes", better="higher"))
     print("| figure | value | target |")
     print("| --- | --- | --- |")
     for f in figures:
         target = f"≤ {f['target']} {f['unit']}" if f["target"] is not None else ""
         print(f"| {f['name']} | {f['value']} {f['unit']} | {target} |")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(figures, indent=2) + "\n")
+    # Both runs of the same fleet size are kept side by side: with the rule, and without it.
+    out = RESULTS if args.disruption_threshold < 1 else RESULTS.with_name("recovery-revivals.json")
+    out.write_text(json.dumps(figures, indent=2) + "\n")
 
 
 def main() -> int:
@@ -200,6 +220,13 @@ def main() -> int:
     parser.add_argument("--watch", type=float, default=90.0, help="seconds watched after its return")
     parser.add_argument("--interval", type=float, default=5.0, help="heartbeat interval of every node")
     parser.add_argument("--workers", type=int, default=default_workers())
+    parser.add_argument(
+        "--disruption-threshold",
+        type=float,
+        default=0.55,
+        help="LLMGW_DISRUPTION_THRESHOLD; 1 turns off the rule that marks nobody while no heartbeat arrives, "
+        "so that the outage marks the whole fleet unreachable and the return measures its revival",
+    )
     args = parser.parse_args()
     result = asyncio.run(Run(args).run())
     report(args, result)
