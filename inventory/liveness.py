@@ -4,12 +4,20 @@ Every change is a compare-and-set update (`filter(pk=…, liveness=old)`), and
 the side effects run only when that update changed a row, so a late or
 duplicated sweep does nothing twice. Admin state is never touched here.
 
-An ordinary heartbeat of a live node writes no database row: its time goes into
-one Redis hash (`livestate.heartbeats`), and `flush_heartbeats` moves the whole hash
-into `Node.last_heartbeat` with a few bulk UPDATEs. The sweep flushes first, so
-it never judges a node by a time older than the one Redis holds. Changes of
-liveness still go straight to the database (`touch`), as does every heartbeat
-while Redis is down.
+A heartbeat writes no database row while Redis is up, whatever the node's
+liveness: its time goes into one Redis hash (`livestate.heartbeats`), and
+`flush_heartbeats` moves the whole hash into `Node.last_heartbeat` with a few
+bulk UPDATEs, and brings back to life, in bulk, every unreachable or lost node
+found in it. The sweep flushes first, so it never judges a node by a time older
+than the one Redis holds. Only while Redis is down does a heartbeat go to the
+database directly (`touch`), and revive its node there.
+
+Changes of many nodes at once (revivals, unreachable marking) are one
+compare-and-set UPDATE per batch of ids (`... WHERE liveness = old RETURNING id`)
+and one INSERT of their events, all batches in one transaction; neither sends
+`post_save`, so these paths make the nodes' cached cards stale themselves
+(`livestate.cards.invalidate_many`). A batch that raises is undone alone (a
+savepoint) and done again node by node, so one bad row cannot stop the others.
 
 When most of the fleet is unreachable at once (more than
 LLMGW_DISRUPTION_THRESHOLD of the nodes not lost, and at least two), the sweep
@@ -35,7 +43,7 @@ from django.utils import timezone
 
 from inventory.models import RUN_STATES, Allocation, Liveness, Node, NodeEvent, ReplicaState, Shard
 from inventory.replicas import fail_replicas
-from livestate import heartbeats
+from livestate import cards, heartbeats
 from llmgw_site.logs import OccasionalWarning
 
 log = logging.getLogger(__name__)
@@ -77,8 +85,16 @@ def touch(node: Node, now: datetime | None = None) -> Node:
     return node
 
 
-def flush_heartbeats() -> int:
-    """Write the heartbeat times held in Redis to the database in bulk; returns how many.
+def flush_heartbeats(now: datetime | None = None) -> int:
+    """Write the heartbeat times held in Redis to the database in bulk, and revive the nodes among them.
+
+    Returns how many times it wrote (`flush` tells which nodes it revived too).
+    """
+    return flush(now).times
+
+
+def flush(now: datetime | None = None) -> Flushed:
+    """`flush_heartbeats`, telling which nodes it revived.
 
     The hash is taken and emptied in one transaction, so a heartbeat arriving
     meanwhile lands in a fresh hash for the next flush. If the database refuses
@@ -86,25 +102,40 @@ def flush_heartbeats() -> int:
     """
     raw = heartbeats.take()
     if not raw:
-        return 0
+        return Flushed()
     try:
-        _write_last_heartbeats(raw)
+        times = _read_times(raw)
+        _write_last_heartbeats(times)
+        revived = _revive(times, now or timezone.now())
     except Exception:
         heartbeats.put_back(raw)
         raise
-    return len(raw)
+    return Flushed(len(raw), revived)
 
 
-def _write_last_heartbeats(raw: dict[bytes, bytes]) -> None:
+@dataclass
+class Flushed:
+    """What a flush did: how many heartbeat times it wrote, and which nodes it brought back to life."""
+
+    times: int = 0
+    revived: list[str] = field(default_factory=list)
+
+
+def _read_times(raw: dict[bytes, bytes]) -> dict[str, datetime]:
     times = {}
     for node_id, value in raw.items():
         try:
             times[node_id.decode()] = datetime.fromtimestamp(float(value), UTC)
         except (ValueError, OverflowError, UnicodeDecodeError):
             log.warning("dropping unreadable heartbeat time %r of %r", value, node_id)
+    return times
+
+
+def _write_last_heartbeats(times: dict[str, datetime]) -> None:
     items = iter(sorted(times.items()))
     sql = _bulk_update_sql()
-    with connection.cursor() as cursor:
+    # One transaction, so one commit (a WAL flush on PostgreSQL) rather than one per batch.
+    with transaction.atomic(), connection.cursor() as cursor:
         while batch := list(islice(items, FLUSH_BATCH)):
             rows = ", ".join(["(%s, %s)"] * len(batch))
             params = [part for node_id, at in batch for part in (node_id, connection.ops.adapt_datetimefield_value(at))]
@@ -128,6 +159,108 @@ def _bulk_update_sql() -> str:
     )
 
 
+def _revive(times: dict[str, datetime], now: datetime) -> list[str]:
+    """Bring back to life every unreachable or lost node that has a heartbeat among `times`.
+
+    One read finds the nodes not alive (few, except after an outage); only
+    those of them with a heartbeat are changed, by old liveness, in batches.
+    The event is dated `now`, when the database learns of it, which is never
+    before the event that made the node unreachable.
+    """
+    down = Node.objects.exclude(liveness=Liveness.ALIVE).values_list("pk", "liveness")
+    by_liveness: dict[str, list[str]] = {}
+    for node_id, old in down:
+        if node_id in times:
+            by_liveness.setdefault(old, []).append(node_id)
+    revived = []
+    for old, node_ids in sorted(by_liveness.items()):
+        revived += change_in_bulk(sorted(node_ids), old, Liveness.ALIVE, "heartbeat received", now).changed
+    return revived
+
+
+def change_in_bulk(node_ids: list[str], old: str, new: str, reason: str, at: datetime) -> Changed:
+    """`change_liveness` for many nodes: those still `old` move to `new`.
+
+    One UPDATE and one insert of events per batch of FLUSH_BATCH ids. A batch
+    that raises is done again node by node, so one bad row cannot stop the
+    others; a node that still raises is logged, left as it was and named in
+    `failed`.
+    """
+    result = Changed()
+    ids = iter(node_ids)
+    # One commit for all the batches (a WAL flush each on PostgreSQL, which
+    # was most of a 10,000-node sweep's time); each batch is a savepoint, so
+    # one that fails is undone alone and done again node by node.
+    with transaction.atomic():
+        while batch := list(islice(ids, FLUSH_BATCH)):
+            try:
+                result.changed += _change_batch(batch, old, new, reason, at)
+            except Exception:
+                log.exception("changing %d nodes from %s to %s at once failed; one by one", len(batch), old, new)
+                _change_one_by_one(batch, old, new, reason, at, result)
+    return result
+
+
+@dataclass
+class Changed:
+    changed: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def _change_batch(node_ids: list[str], old: str, new: str, reason: str, at: datetime) -> list[str]:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(_compare_and_set_sql(len(node_ids)), [new, old, *node_ids])
+        changed = sorted(row[0] for row in cursor.fetchall())
+        if changed:
+            at_value = connection.ops.adapt_datetimefield_value(at)
+            params = [at_value, NodeEvent.Kind.LIVENESS.value, old, new, reason, "system", *changed]
+            cursor.execute(_events_sql(len(changed)), params)
+            cards.invalidate_many(changed)
+    return changed
+
+
+def _compare_and_set_sql(count: int) -> str:
+    """Move the rows of `count` ids from one liveness to another; the ids of those that moved come back.
+
+    PostgreSQL and SQLite (3.35+) both take RETURNING.
+    """
+    quote = connection.ops.quote_name
+    table, pk = quote(Node._meta.db_table), quote(Node._meta.pk.column)
+    column = quote(Node._meta.get_field("liveness").column)
+    marks = ", ".join(["%s"] * count)
+    return f"UPDATE {table} SET {column} = %s WHERE {column} = %s AND {pk} IN ({marks}) RETURNING {pk}"
+
+
+def _events_sql(count: int) -> str:
+    """One liveness event for each of `count` node ids, the same but for the node, in one statement.
+
+    INSERT … SELECT rather than `bulk_create`: the ORM prepares every field of
+    every row in Python, which was two thirds of the sweep's CPU at 10,000
+    nodes (bench/sweep.py); here the database copies six constants.
+    """
+    quote = connection.ops.quote_name
+    node_table, pk = quote(Node._meta.db_table), quote(Node._meta.pk.column)
+    columns = ", ".join(
+        quote(NodeEvent._meta.get_field(name).column)
+        for name in ("node", "at", "kind", "from_state", "to_state", "reason", "actor")
+    )
+    marks = ", ".join(["%s"] * count)
+    return (
+        f"INSERT INTO {quote(NodeEvent._meta.db_table)} ({columns}) "
+        f"SELECT {pk}, %s, %s, %s, %s, %s, %s FROM {node_table} WHERE {pk} IN ({marks})"
+    )
+
+
+def _change_one_by_one(node_ids: list[str], old: str, new: str, reason: str, at: datetime, result: Changed) -> None:
+    for node_id in node_ids:
+        try:
+            if change_liveness(node_id, old, new, reason, at):
+                result.changed.append(node_id)
+        except Exception:
+            log.exception("changing node %s from %s to %s failed", node_id, old, new)
+            result.failed.append(node_id)
+
+
 @dataclass
 class SweepResult:
     unreachable: list[str] = field(default_factory=list)
@@ -135,25 +268,37 @@ class SweepResult:
     released_replicas: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     flushed: int = 0
+    # Unreachable or lost nodes the flush brought back to life, having found their heartbeats.
+    revived: list[str] = field(default_factory=list)
     # Nodes silent past LLMGW_LOST_AFTER left unreachable because most of the
     # fleet was unreachable at once (0: the sweep did not hold back).
     held: int = 0
+    # The sweep marked nothing: the control plane's own outage was too recent
+    # (inventory.sweep decides; `grace_until` below).
+    graced: bool = False
 
 
-def mark_stale(now: datetime | None = None) -> SweepResult:
+def mark_stale(now: datetime | None = None, grace_until: datetime | None = None) -> SweepResult:
     """Mark silent nodes unreachable, and long-silent ones lost unless most of the fleet is unreachable.
 
-    Heartbeat times held in Redis are flushed first. A node becoming lost has
-    every replica with a shard on it released whole, since a replica fails
-    whole. One node raising does not stop the rest; Redis being down stops
-    nothing either (heartbeats then go to the database directly).
+    Heartbeat times held in Redis are flushed first, reviving the nodes they
+    name. Before `grace_until` nothing is marked: silence that began during the
+    control plane's own outage is not the nodes' (`inventory.sweep` sets it).
+    A node becoming lost has every replica with a shard on it released whole,
+    since a replica fails whole. One node raising does not stop the rest;
+    Redis being down stops nothing either (heartbeats then go to the database
+    directly).
     """
     now = now or timezone.now()
     result = SweepResult()
     try:
-        result.flushed = flush_heartbeats()
+        flushed = flush(now)
+        result.flushed, result.revived = flushed.times, flushed.revived
     except redis.RedisError as exc:
         log.warning("sweeping without flushing heartbeat times, Redis is unavailable: %s", exc)
+    if grace_until is not None and now < grace_until:
+        result.graced = True
+        return result
     _sweep(now, result)
     return result
 
@@ -176,14 +321,12 @@ def _sweep(now: datetime, result: SweepResult) -> None:
 def _mark_unreachable(now: datetime, result: SweepResult) -> None:
     unreachable_before = now - timedelta(seconds=settings.LLMGW_UNREACHABLE_AFTER)
     silent = Node.objects.filter(liveness=Liveness.ALIVE, last_heartbeat__lt=unreachable_before)
-    for node_id in silent.values_list("pk", flat=True):
-        try:
-            reason = f"no heartbeat for {settings.LLMGW_UNREACHABLE_AFTER:g} s"
-            if change_liveness(node_id, Liveness.ALIVE, Liveness.UNREACHABLE, reason, now):
-                result.unreachable.append(node_id)
-        except Exception:
-            log.exception("marking node %s unreachable failed", node_id)
-            result.failed.append(node_id)
+    reason = f"no heartbeat for {settings.LLMGW_UNREACHABLE_AFTER:g} s"
+    changed = change_in_bulk(
+        sorted(silent.values_list("pk", flat=True)), Liveness.ALIVE, Liveness.UNREACHABLE, reason, now
+    )
+    result.unreachable += changed.changed
+    result.failed += changed.failed
 
 
 def _silent_past_lost(now: datetime) -> list[str]:

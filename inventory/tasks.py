@@ -5,7 +5,7 @@ import logging
 import redis
 from celery import shared_task
 
-from inventory.liveness import mark_stale as sweep
+from inventory import sweep
 from inventory.reconcile import reconcile as reconcile_pass
 from livestate import locks, selfmetrics
 
@@ -20,21 +20,36 @@ RECONCILE_LOCK_SECONDS = 60
 def mark_stale() -> dict:
     """Run by beat every few seconds; idempotent, so a late or doubled run is harmless.
 
-    It flushes the heartbeat times held in Redis before it sweeps, so no separate
-    flush task is scheduled.
+    It flushes the heartbeat times held in Redis (reviving the nodes they name)
+    before it sweeps, so no separate flush task is scheduled. Sweeps never
+    overlap, and none marks a node during the control plane's own outage or
+    the grace period after it (inventory.sweep).
     """
-    result = sweep()
+    outcome = sweep.run()
+    if outcome.skipped:
+        selfmetrics.record(selfmetrics.sweep_skipped_fields())
+        return {"skipped": outcome.skipped}
+    result = outcome.result
     selfmetrics.record(
         selfmetrics.sweep_fields(
-            len(result.unreachable), len(result.lost), len(result.failed), held_back=result.held > 0
+            len(result.unreachable),
+            len(result.lost),
+            len(result.failed),
+            held_back=result.held > 0,
+            revived=len(result.revived),
+            graced=result.graced,
         )
     )
     return {
         "flushed": result.flushed,
+        "revived": len(result.revived),
         "unreachable": result.unreachable,
         "lost": result.lost,
         "failed": result.failed,
         "held": result.held,
+        "graced": result.graced,
+        # Why a grace period began or went on in this run, if one did (inventory.sweep).
+        "grace": outcome.grace_reason,
     }
 
 

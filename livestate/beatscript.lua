@@ -86,8 +86,9 @@ if boot_id ~= '' then
   redis.call('EXPIRE', sequence_key, sequence_expiry)
 end
 
--- A node coming back to life, or a new inventory, is the database's business.
-if mode ~= 'apply' or card[3] ~= 'alive' then
+-- A new inventory is the database's business. A node coming back to life is not:
+-- its time is noted like any other, and the sweep's flush revives it in bulk.
+if mode ~= 'apply' then
   return {'card', raw}
 end
 redis.call('HSET', heartbeats_key, node_id, received_at)

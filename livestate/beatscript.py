@@ -8,11 +8,14 @@ counted against the address, which past its budget hears `locked`), refuse a
 heartbeat older than one already received from the same agent run
 (`replayed`, livestate.sequence) and record a newer one's number, and, for a
 live node sending no inventory, note the heartbeat's time, store its load and
-read the node's shard version and cached shard list.
+read the node's shard version and cached shard list. That includes an
+unreachable or lost node: its noted time is all it takes to bring it back,
+since the sweep's flush revives every node it finds there in bulk
+(inventory.liveness); the caller answers it as alive at once.
 
 Whatever it cannot settle it hands back without writing anything: a card that
-is missing or stale (`stale`: the caller reads the database), a node coming
-back to life or a new inventory (`card`: the caller writes the database). Its
+is missing or stale (`stale`: the caller reads the database), or a new
+inventory (`card`: the caller writes the database). Its
 counters use the same keys as `livestate.limits`, so its limits are those of
 the rest of the agent API.
 

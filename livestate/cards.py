@@ -66,6 +66,31 @@ def invalidate(node_id: str) -> None:
     transaction.on_commit(lambda: _bump(node_id))
 
 
+def invalidate_many(node_ids: list[str]) -> None:
+    """`invalidate` for many nodes: their cached cards stale now and once the transaction commits.
+
+    Bulk changes (`QuerySet.update`, raw SQL) send no `post_save`, so the
+    receivers that invalidate a node's cards on its events never hear of them:
+    whoever changes many nodes at once calls this.
+    """
+    if node_ids:
+        _bump_many(node_ids)
+        transaction.on_commit(lambda: _bump_many(node_ids))
+
+
+# One command for a whole batch rather than a pipeline of one INCR per node:
+# less for redis-py to pack and parse, and one reply.
+_BUMP_EACH = "for _, key in ipairs(KEYS) do redis.call('INCR', key) end return #KEYS"
+
+
+def _bump_many(node_ids: list[str]) -> None:
+    try:
+        client = livestate.client()
+        client.eval(_BUMP_EACH, len(node_ids), *(keys.generation(node_id) for node_id in node_ids))
+    except redis.RedisError as exc:
+        log.warning("%d node cards not invalidated (they expire in %d s): %s", len(node_ids), CARD_TTL_SECONDS, exc)
+
+
 def _bump(node_id: str) -> None:
     try:
         livestate.client().incr(keys.generation(node_id))

@@ -20,6 +20,13 @@ CARD_PREFIX = "llmgw:nodecard:"
 GENERATION_PREFIX = "llmgw:nodegen:"
 # Hash: node id → arrival time of its latest heartbeat not yet in the database (livestate.heartbeats).
 HEARTBEATS = "llmgw:liveness:heartbeats"
+# Arrival time (Unix s) of the latest heartbeat accepted by any process, written at most once a second each
+# (livestate.sweeprecord): silence of the whole fleet there means the control plane was not listening.
+ACCEPTED_AT = "llmgw:liveness:accepted-at"
+# Hash: the stale sweep's own record (last run, grace period, quiet), kept by each sweep (livestate.sweeprecord).
+SWEEP_RECORD = "llmgw:liveness:sweep-record"
+# Lock held by the stale sweep running now (livestate.locks); expires if its worker dies.
+SWEEP_LOCK = "llmgw:liveness:sweep-lock"
 # Hash: node id (or "*" for every node) → counter moved when its shards may change (livestate.shardversion).
 SHARD_VERSIONS = "llmgw:shards:versions"
 # A node's shard list cached under the shard versions it was read at (livestate.shardlists); expires.

@@ -42,19 +42,30 @@ def heartbeat_fields(outcome: str, seconds: float) -> dict[str, float]:
     return fields
 
 
-def sweep_fields(unreachable: int, lost: int, failed: int, held_back: bool = False) -> dict[str, float]:
+def sweep_fields(
+    unreachable: int, lost: int, failed: int, held_back: bool = False, revived: int = 0, graced: bool = False
+) -> dict[str, float]:
     """The increments one run of the stale-marking task makes.
 
     `held_back`: it marked no node lost because most of the fleet was
     unreachable; such a sweep counts once, however many nodes it held.
+    `revived`: nodes its flush brought back to life. `graced`: it marked
+    nothing, in the grace period after the control plane's own outage.
     """
     return {
         "sweeps": 1,
         "swept:unreachable": unreachable,
         "swept:lost": lost,
+        "swept:alive": revived,
         "swept:failed": failed,
         "swept:held": int(held_back),
+        "swept:graced": int(graced),
     }
+
+
+def sweep_skipped_fields() -> dict[str, float]:
+    """The increment of a stale-marking task that did not sweep (another was running, or Redis was down)."""
+    return {"sweeps:skipped": 1}
 
 
 def add(pipe, fields: dict[str, float]) -> None:

@@ -34,6 +34,8 @@ def stack(tmp_path_factory, redis_server):
             "DATABASE_URL": f"sqlite:///{var / 'llmgw.sqlite3'}",
             "REDIS_URL": redis_server if isinstance(redis_server, str) else redis_server.url,
             "LLMGW_REGISTER_PER_MINUTE": str(REGISTER_PER_MINUTE),
+            # Registrations below carry no join token: refused credentials, counted per address.
+            "LLMGW_AUTH_FAILURES_PER_MINUTE": str(REGISTER_PER_MINUTE),
         },
         web_port=free_port(),
         workers=1,

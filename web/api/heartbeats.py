@@ -5,9 +5,11 @@ Redis round trip and no database access: `beatscript` admits it (limits,
 token), notes its time, stores its load and reads the node's shard list in one
 call; its self-metrics go out with this process's others once a second
 (`selfmetrics.Tally`). The database is written only when something changed: a new
-inventory, a node coming back to life, or an agent's report that moves a
-shard. While Redis is down the same heartbeat is answered from the database,
-its time written there directly and its load dropped.
+inventory, or an agent's report that moves a shard. A node coming back to life
+costs no more: its time is noted like any other, it is answered as alive at
+once, and the sweep's flush revives it with the others in bulk. While Redis
+is down the same heartbeat is answered from the database, its time (and a
+revival) written there directly and its load dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+import msgspec
 import redis
 from django.conf import settings
 
@@ -26,7 +29,7 @@ from agent import protocol
 from inventory import desired, gpuhealth, liveness
 from inventory.models import Liveness, Node, derive_state
 from inventory.registration import ReplayedInventory, upsert_inventory
-from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics, sequence
+from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics, sequence, sweeprecord
 from livestate.cards import NodeCard
 from llmgw_site.logs import OccasionalWarning
 from web import ratelimit
@@ -43,6 +46,8 @@ _warn_redis_down = OccasionalWarning(log, 30.0)
 REDIS_DOWN = "Redis unavailable, heartbeats go to the database and their loads are dropped: %s"
 # This process's count of ordinary heartbeats, sent once a second.
 _tally = selfmetrics.Tally()
+# This process's note that heartbeats are arriving, for the sweep to tell the control plane's outages.
+_pulse = sweeprecord.Pulse()
 
 
 @dataclass
@@ -165,7 +170,8 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
         if specs is None:
             specs = desired.sync_node(card.node_id, beat.shards, version=caller.shard_version)
         _tally.add(selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started))
-        return heartbeat_reply(card, beat, specs)
+        _pulse.accepted(received_at)
+        return heartbeat_reply(_as_revived(card), beat, specs)
     at = datetime.fromtimestamp(received_at, UTC)
     store_card = not caller.cached
     if beat.inventory is not None:
@@ -184,20 +190,11 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
         card.inventory_hash = beat.inventory_hash
         store_card = True
     written = False
-    if card.liveness != Liveness.ALIVE:
-        # A change of state goes to the database at once. It records an event,
-        # which makes every cached card of the node stale: this one is not stored.
-        node = Node.objects.only("id", "liveness", "admin_state").filter(pk=card.node_id).first()
-        if node is None:
-            raise unauthorized()
-        liveness.touch(node, at)
-        card.liveness, card.admin_state = node.liveness, node.admin_state
-        store_card, written = False, True
     if caller.redis_up:
         try:
             pipe = livestate.client().pipeline(transaction=False)
-            if not written:
-                heartbeats.note(pipe, card.node_id, received_at)
+            # Noted like any heartbeat, even a node's coming back to life: the sweep's flush revives it.
+            heartbeats.note(pipe, card.node_id, received_at)
             if beat.load is not None:
                 loadstore.save(card.node_id, beat.load, received_at, pipe)
             if store_card:
@@ -205,14 +202,27 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
             selfmetrics.add(pipe, selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started))
             pipe.execute()
             written = True
+            _pulse.accepted(received_at)
         except redis.RedisError as exc:
             _warn_redis_down(REDIS_DOWN, exc)
     if not written:
+        # Redis is down: the heartbeat, and a node's coming back to life, go to the database at once.
         liveness.touch(Node(pk=card.node_id, liveness=card.liveness), at)
     if evidence:
         gpuhealth.observe(card.node_id, beat.load.gpus, at)
     specs = desired.sync_node(card.node_id, beat.shards, use_cache=caller.redis_up)
-    return heartbeat_reply(card, beat, specs)
+    return heartbeat_reply(_as_revived(card), beat, specs)
+
+
+def _as_revived(card: NodeCard) -> NodeCard:
+    """The card as it will be once the heartbeat is applied: alive, its admin state untouched.
+
+    An unreachable or lost node's heartbeat is noted in Redis, and the next
+    flush (a few seconds away) writes its revival; the node is told now.
+    """
+    if card.liveness == Liveness.ALIVE:
+        return card
+    return msgspec.structs.replace(card, liveness=Liveness.ALIVE)
 
 
 def heartbeat_reply(
