@@ -34,7 +34,7 @@ def stack(tmp_path_factory, redis_server):
             "DATABASE_URL": f"sqlite:///{var / 'llmgw.sqlite3'}",
             "REDIS_URL": redis_server if isinstance(redis_server, str) else redis_server.url,
             "LLMGW_REGISTER_PER_MINUTE": str(REGISTER_PER_MINUTE),
-            # Registrations below carry no join token: refused credentials, counted per address.
+            # Registrations below carry a wrong join token: refused credentials, counted per address.
             "LLMGW_AUTH_FAILURES_PER_MINUTE": str(REGISTER_PER_MINUTE),
         },
         web_port=free_port(),
@@ -134,6 +134,7 @@ def test_each_agent_address_is_limited_on_its_own_and_a_forged_forwarded_for_cha
     def register(source: str, forged: str) -> int:
         head = (
             b"POST /api/v1/register HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer not-the-join-token\r\n"
             b"X-Forwarded-For: %s\r\nContent-Length: 2\r\nConnection: close\r\n\r\n" % forged.encode()
         )
         return status_of(exchange(stack.web_port, head, b"{}", source=source))
