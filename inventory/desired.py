@@ -81,18 +81,23 @@ def orders(
             cached = from_cache(node_id, version, raw, reports)
             if cached is not None:
                 return cached
-    shards = list(
-        Shard.objects.filter(node_id=node_id, state__in=(*RUN_STATES, ReplicaState.RELEASING))
+    rows = list(
+        Shard.objects.filter(node_id=node_id, state__in=(*RUN_STATES, ReplicaState.RELEASING, ReplicaState.FAILED))
         .select_related("replica__deployment")
         .order_by("shard_id")
     )
+    shards = [s for s in rows if s.state != ReplicaState.FAILED]
+    # A failed replica's shards (kept an hour) still ask for their engine, so a failed install
+    # goes on being retried by the agent with its backoff instead of being forgotten, then
+    # asked for afresh by the next placement on this node: a retry loop without the backoff.
+    recently_failed = [s for s in rows if s.state == ReplicaState.FAILED]
     effects = read_reports(node_id, shards, reports) if reports is not None else None
     gone = apply_reports(effects) if effects else set()
     wanted = [s for s in shards if s.state in RUN_STATES and s.shard_id not in gone]
     leaders = _leaders([s.replica for s in wanted if s.replica.deployment.shards_per_replica > 1])
     specs = [shard_spec(s, leaders.get(s.replica_id, "")) for s in wanted]
     # Placing a shard is what asks for its engine: the agent installs it, then starts the shard.
-    result = Orders(specs, engine_wants.wants(wanted))
+    result = Orders(specs, engine_wants.wants([*wanted, *recently_failed]))
     # After writing, the version has moved: the next heartbeat reads again.
     if version is not None and not effects:
         _store_cache(node_id, version, shards, result)
