@@ -17,7 +17,7 @@ from django.views.decorators.http import require_GET
 from django_htmx.http import HttpResponseStopPolling
 
 from agent.protocol import Load
-from inventory import engine_wants
+from inventory import endpoints, engine_wants
 from inventory.models import REPLICA_COLOURS, Allocation, EngineInstall, Node, ReplicaState, Shard
 from inventory.operator import ACTIONS
 from web import promquery
@@ -108,7 +108,7 @@ def engine_rows(
                 rss_bytes=shard.rss_bytes if shard else None,
                 state=ReplicaState(facts.state) if facts else None,
                 reason=_reason(facts, waiting) if facts else "",
-                endpoint=f"http://{address}:{facts.port}/v1" if facts and address else "",
+                endpoint=endpoints.endpoint(address, facts.port) if facts and address else "",
             )
         )
     for name, facts in sorted(shards.items()):
@@ -186,7 +186,11 @@ def live_context(node: Node, now: float) -> dict:
         "reading": reading,
         "load_problem": load_problem,
         "engines": engine_rows(
-            allocations, reading.load, shard_facts(node), installs, node.mgmt_addr or node.hostname or node.pk
+            allocations,
+            reading.load,
+            shard_facts(node),
+            installs,
+            endpoints.node_address(node.mgmt_addr, node.hostname, node.pk),
         ),
         "installs": installs,
         "gpus": [(gpu, holders.get(gpu.index)) for gpu in node.gpus.all()],
