@@ -1,6 +1,6 @@
 """The fleet collector: built on each scrape from the inventory, fresh loads and own counters.
 
-Each scrape runs the five inventory queries and one Redis round trip (every
+Each scrape runs the six inventory queries and one Redis round trip (every
 node's rendered load with one MGET, the self-metrics hash with HGETALL,
 pipelined), so its cost in queries does not grow with the fleet. A node gone
 from the inventory has no series: nothing is carried over from one scrape to
@@ -89,6 +89,20 @@ class FleetCollector:
         yield rendered(families.DISK_SIZE, [text.size for text in disks])
         yield rendered(families.SHARD_GPUS, [a.gpus for a in allocations])
         yield rendered(families.SHARD_MEMORY_CLAIM, [a.memory_claim for a in allocations])
+        # A handful per node at most, rendered afresh: a state that changes is a series that ends.
+        install = families.ENGINE_INSTALL.name
+        yield rendered(
+            families.ENGINE_INSTALL,
+            [
+                line(
+                    install,
+                    labelset(node=i.node, engine=i.engine, version=i.version, variant=i.variant, state=i.state),
+                    1,
+                ).encode()
+                for i in inv.installs
+                if i.node in present
+            ],
+        )
 
 
 def rendered(family: Family, chunks: list[bytes]) -> RenderedFamily:

@@ -1,4 +1,4 @@
-"""The inventory as /metrics needs it: five queries, whatever the fleet size.
+"""The inventory as /metrics needs it: six queries, whatever the fleet size.
 
 Sums and counts per node are left to the database (GROUP BY) rather than done
 over one row per GPU here: at 10,000 nodes of 8 GPUs that is 10,000 rows
@@ -18,7 +18,7 @@ from typing import NamedTuple
 from django.db import connections
 from django.db.models import Count, Q, QuerySet, Sum
 
-from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node, free_q
+from inventory.models import GPU, Allocation, EngineInstall, Filesystem, GPUClaim, Node, free_q
 
 
 class NodeFacts(NamedTuple):
@@ -71,6 +71,14 @@ class AllocationRow(NamedTuple):
     gpus: int
 
 
+class InstallRow(NamedTuple):
+    node: str
+    engine: str
+    version: str
+    variant: str
+    state: str
+
+
 @dataclass
 class Inventory:
     """Rows, not model instances: a scrape only formats them."""
@@ -79,10 +87,11 @@ class Inventory:
     gpus: list[GPURow]
     disks: list[DiskRow]
     allocations: list[AllocationRow]
+    installs: list[InstallRow]
 
 
 def read() -> Inventory:
-    """The whole fleet's inventory in exactly five queries."""
+    """The whole fleet's inventory in exactly six queries."""
     local = Q(shared=False)
     # GPUs per allocation counted apart and joined here: on PostgreSQL this is
     # half the time of a join or a correlated count over 40,000 allocations.
@@ -113,6 +122,14 @@ def read() -> Inventory:
             for pk, *row in raw_rows(
                 Allocation.objects.order_by().values_list(
                     "pk", "node_id", "shard_id", "replica_id", "model", "memory_gb"
+                )
+            )
+        ],
+        installs=[
+            InstallRow._make(row)
+            for row in raw_rows(
+                EngineInstall.objects.order_by("node_id", "engine", "version", "variant").values_list(
+                    "node_id", "engine", "version", "variant", "state"
                 )
             )
         ],
