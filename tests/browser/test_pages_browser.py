@@ -192,7 +192,8 @@ def test_charts_draw_history_from_a_real_prometheus(
     cpu.wait_for()
     assert int(cpu.get_attribute("data-points")) >= 2
     assert page.locator('.chart[data-key="memory"]').get_attribute("data-points") not in (None, "0")
-    # Point at the newest sample: uPlot's legend reads the value it drew there.
+    # Point at the newest sample: uPlot's legend reads the value it drew there (in view, or nothing hovers).
+    cpu.scroll_into_view_if_needed()
     box = cpu.locator(".u-over").bounding_box()
     page.mouse.move(box["x"] + box["width"] - 1, box["y"] + box["height"] / 2)
     assert cpu.locator(".u-legend .u-series").nth(1).locator(".u-value").inner_text() == "38%"
