@@ -30,6 +30,7 @@ def main() -> int:
         stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
         stack.manage("setup_demo", "--var-dir", str(var), capture=True)
+        stack.fetch_demo_model()
         stack.start(stack.agent_part())
     except Exception as exc:
         print(f"llmgw: could not start: {exc}", file=sys.stderr)
@@ -48,6 +49,8 @@ def main() -> int:
         print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
     print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))
     print(f"  logs           {stack.logs}/")
+    print("  demo model     Gemma 3 270M on llama.cpp, fetched and built in the background: the node page")
+    print("                 shows the install, then the engine and its endpoint (README: asking it a question)")
     if password:
         print(f"  admin user     admin / {password}   (shown once; kept in {var / 'admin-password'})")
     else:

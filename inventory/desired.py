@@ -14,8 +14,10 @@ that node back to the database once.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from agent import engine_templates, protocol
+from inventory import engine_wants
 from inventory.models import RUN_STATES, Deployment, ReplicaState, Shard
 from inventory.replicas import apply_reports, read_reports
 from livestate import shardlists
@@ -24,19 +26,26 @@ from livestate.shardlists import CachedShards, ReplicaName, ShardFacts
 # Engines listen on every address: Prometheus and clients reach them from elsewhere.
 
 
+class Orders(NamedTuple):
+    """What one heartbeat reply tells an agent: the shards to run and the engines to install for them."""
+
+    shards: list[protocol.ShardSpec]
+    engines: list[protocol.EngineWant]
+
+
 def from_cache(
     node_id: str,
     version: tuple[int, int],
     raw: bytes | None,
     reports: Iterable[protocol.ShardStatus] | None,
-) -> list[protocol.ShardSpec] | None:
-    """The cached shards if `raw` was stored under `version` and the reports change none of them; else None."""
+) -> Orders | None:
+    """The cached orders if `raw` was stored under `version` and the reports change none of its shards; else None."""
     cached = shardlists.decode(raw, version)
     if cached is None:
         return None
     if reports is not None and read_reports(node_id, cached.shards, reports):
         return None
-    return cached.specs
+    return Orders(cached.specs, cached.engines)
 
 
 def sync_node(
@@ -45,7 +54,17 @@ def sync_node(
     use_cache: bool = True,
     version: tuple[int, int] | None = None,
 ) -> list[protocol.ShardSpec]:
-    """Apply the agent's shard reports (None: no report to apply), then return the shards it should run.
+    """Apply the agent's shard reports (None: no report to apply), then return the shards it should run."""
+    return orders(node_id, reports, use_cache, version).shards
+
+
+def orders(
+    node_id: str,
+    reports: Iterable[protocol.ShardStatus] | None = None,
+    use_cache: bool = True,
+    version: tuple[int, int] | None = None,
+) -> Orders:
+    """Apply the agent's shard reports (None: no report to apply), then return what it should run and install.
 
     With the cache current this costs one Redis round trip and no query.
     Otherwise one query reads the node's shards, writes happen only for what a
@@ -59,30 +78,37 @@ def sync_node(
     elif version is None:
         version, raw = shardlists.read(node_id)
         if version is not None:
-            specs = from_cache(node_id, version, raw, reports)
-            if specs is not None:
-                return specs
-    shards = list(
-        Shard.objects.filter(node_id=node_id, state__in=(*RUN_STATES, ReplicaState.RELEASING))
+            cached = from_cache(node_id, version, raw, reports)
+            if cached is not None:
+                return cached
+    rows = list(
+        Shard.objects.filter(node_id=node_id, state__in=(*RUN_STATES, ReplicaState.RELEASING, ReplicaState.FAILED))
         .select_related("replica__deployment")
         .order_by("shard_id")
     )
+    shards = [s for s in rows if s.state != ReplicaState.FAILED]
+    # A failed replica's shards (kept an hour) still ask for their engine, so a failed install
+    # goes on being retried by the agent with its backoff instead of being forgotten, then
+    # asked for afresh by the next placement on this node: a retry loop without the backoff.
+    recently_failed = [s for s in rows if s.state == ReplicaState.FAILED]
     effects = read_reports(node_id, shards, reports) if reports is not None else None
     gone = apply_reports(effects) if effects else set()
     wanted = [s for s in shards if s.state in RUN_STATES and s.shard_id not in gone]
     leaders = _leaders([s.replica for s in wanted if s.replica.deployment.shards_per_replica > 1])
     specs = [shard_spec(s, leaders.get(s.replica_id, "")) for s in wanted]
+    # Placing a shard is what asks for its engine: the agent installs it, then starts the shard.
+    result = Orders(specs, engine_wants.wants([*wanted, *recently_failed]))
     # After writing, the version has moved: the next heartbeat reads again.
     if version is not None and not effects:
-        _store_cache(node_id, version, shards, specs)
-    return specs
+        _store_cache(node_id, version, shards, result)
+    return result
 
 
-def _store_cache(node_id: str, version: tuple[int, int], shards: list[Shard], specs: list[protocol.ShardSpec]) -> None:
+def _store_cache(node_id: str, version: tuple[int, int], shards: list[Shard], result: Orders) -> None:
     facts = [
         ShardFacts(s.shard_id, s.state, s.reason, s.metrics_port, ReplicaName(s.replica.replica_id)) for s in shards
     ]
-    shardlists.store(node_id, CachedShards(version, facts, specs))
+    shardlists.store(node_id, CachedShards(version, facts, result.shards, result.engines))
 
 
 def _leaders(replicas) -> dict[int, str]:

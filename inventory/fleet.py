@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from django.db.models import Count, Sum
 
+from inventory import engine_wants
 from inventory.models import (
     GPU,
     RUN_STATES,
@@ -39,9 +40,13 @@ class Profile:
     memory_gb: int = 0
     cpu_cores: int = 0
     weights_path: str = ""
+    # Set only for engines llmgw installs: a node whose install of it failed is not used.
+    engine: str = ""
+    variant: str = ""
 
     @classmethod
     def of(cls, deployment: Deployment) -> Profile:
+        installed = deployment.engine in engine_wants.INSTALLED_BY_LLMGW
         return cls(
             shards=deployment.shards_per_replica,
             gpus=deployment.gpus_per_shard,
@@ -49,6 +54,8 @@ class Profile:
             memory_gb=deployment.memory_gb_per_shard,
             cpu_cores=deployment.cpu_cores_per_shard,
             weights_path=deployment.model_source if deployment.model_is_path else "",
+            engine=deployment.engine if installed else "",
+            variant=engine_wants.variant(deployment.gpus_per_shard) if installed else "",
         )
 
     def describe(self) -> str:
@@ -87,6 +94,8 @@ class NodeView:
     weights_scanned: bool = False
     weights: set[str] = field(default_factory=set)
     ports: set[int] = field(default_factory=set)
+    # (engine, variant) whose install failed here or cannot run here, with why.
+    engine_blocked: dict[tuple[str, str], str] = field(default_factory=dict)
 
     @property
     def schedulable(self) -> bool:
@@ -108,9 +117,13 @@ class NodeView:
     def has_weights(self, path: str) -> bool:
         return not path or not self.weights_scanned or path in self.weights
 
+    def engine_block(self, profile: Profile) -> str:
+        """Why the profile's engine cannot be used here, or "" when it is ready or may be installed."""
+        return self.engine_blocked.get((profile.engine, profile.variant), "") if profile.engine else ""
+
     def capacity(self, profile: Profile) -> int:
         """How many of the replica's shards fit here (at most all of them)."""
-        if not self.schedulable or not self.has_weights(profile.weights_path):
+        if not self.schedulable or not self.has_weights(profile.weights_path) or self.engine_block(profile):
             return 0
         fits = profile.shards
         if profile.gpus:
@@ -222,4 +235,6 @@ def load_fleet(weights_paths: Iterable[str] = ()) -> Fleet:
     holding = (*RUN_STATES, ReplicaState.RELEASING)
     for node_id, port in Shard.objects.filter(state__in=holding, node__isnull=False).values_list("node_id", "port"):
         views[node_id].ports.add(port)
+    for node_id, blocked in engine_wants.blocked_installs().items():
+        views[node_id].engine_blocked = blocked
     return Fleet(views.values())

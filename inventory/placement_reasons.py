@@ -41,6 +41,11 @@ def _why_not(node: NodeView, profile: Profile) -> str:
         return node.state.label
     if not node.has_weights(profile.weights_path):
         return f"lack{{s}} {profile.weights_path}"
+    blocked = node.engine_block(profile)
+    if blocked:
+        # The agent's detail is quoted into a format string: its braces must stay text.
+        detail = blocked.replace("{", "{{").replace("}", "}}")
+        return f"{{has}} {profile.engine} ({profile.variant}) {detail}"
     if profile.gpus and len(node.gpus_of(profile.gpu_class)) < profile.gpus * profile.shards:
         return f"{{has}} {len(node.gpus_of(profile.gpu_class))} free"
     memory = node.memory_free_gb()

@@ -6,9 +6,11 @@ One pass, run by Celery beat every few seconds, in this order:
 2. fail replicas with a shard on a lost or vanished node (the stale sweep
    normally did it already), or holding a GPU gone from its node's inventory
    or failed (registration and inventory.gpuhealth normally did it already,
-   but a placement written at the same moment may have missed it);
-   degraded GPUs whose agents have reported enough clean samples since
-   become healthy again (inventory.gpuhealth.recover);
+   but a placement written at the same moment may have missed it), or
+   placed on a node whose agent could not install the shard's engine (the
+   replacement is placed elsewhere); degraded GPUs whose agents have
+   reported enough clean samples since become healthy again
+   (inventory.gpuhealth.recover);
 3. drains: a replica on a draining node gets a replacement; once the
    replacement runs, the old one is released;
 4. scale: create pending replicas up to the number wanted, release the
@@ -33,6 +35,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from inventory import engine_wants
 from inventory.gpuhealth import recover
 from inventory.models import (
     LIVE_STATES,
@@ -95,6 +98,7 @@ def reconcile(now: datetime | None = None) -> ReconcileResult:
     result = ReconcileResult()
     _finish_releases(now, result)
     _fail_stranded(now, result)
+    _fail_uninstallable(now, result)
     _drain(now, result)
     _scale(now, result)
     _place(now, result)
@@ -121,6 +125,27 @@ def _fail_stranded(now: datetime, result: ReconcileResult) -> None:
         result.failed += fail_replicas([replica_id], reason, now)
     result.failed += fail_on_unusable_gpus(placed_since=now - RECENT_PLACEMENTS, now=now)
     result.recovered_gpus += [f"{node_id}/{index}" for node_id, index in recover(now)]
+
+
+def _fail_uninstallable(now: datetime, result: ReconcileResult) -> None:
+    """Fail replicas waiting for an engine their node reported failed or unsupported."""
+    waiting = list(
+        Shard.objects.filter(
+            state=ReplicaState.PLACED, replica__deployment__engine__in=engine_wants.INSTALLED_BY_LLMGW
+        ).values_list(
+            "replica__replica_id", "node_id", "replica__deployment__engine", "replica__deployment__gpus_per_shard"
+        )
+    )
+    if not waiting:
+        return
+    blocked = engine_wants.blocked_installs({node_id for _, node_id, _, _ in waiting})
+    reasons = {}
+    for replica_id, node_id, engine, gpus in waiting:
+        why = blocked.get(node_id, {}).get((engine, engine_wants.variant(gpus)))
+        if why:
+            reasons.setdefault(replica_id, f"{engine} cannot run on {node_id}: {why}")
+    for replica_id, reason in sorted(reasons.items()):
+        result.failed += fail_replicas([replica_id], reason, now)
 
 
 def _drain(now: datetime, result: ReconcileResult) -> None:

@@ -43,6 +43,9 @@ class CachedShards(msgspec.Struct, array_like=True):
     version: tuple[int, int]
     shards: list[ShardFacts]
     specs: list[protocol.ShardSpec]
+    # Required, not defaulted: a list cached before engines were part of it fails to
+    # decode and is read again, rather than telling the agent to forget its installs.
+    engines: list[protocol.EngineWant]
 
 
 _encoder = msgspec.msgpack.Encoder()

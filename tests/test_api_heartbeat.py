@@ -185,3 +185,21 @@ def test_placed_shards_reach_the_agent_and_its_reports_move_them(client, token, 
     reply_of(heartbeat(client, token, protocol.Heartbeat(shards=running)))  # the report moved the version
     with django_assert_num_queries(0):
         assert reply_of(heartbeat(client, token, protocol.Heartbeat(shards=running))).shards == [spec]
+
+
+def test_the_reply_asks_for_the_engines_of_the_placed_shards_from_the_cache_too(
+    client, token, django_assert_num_queries
+):
+    from inventory.reconcile import reconcile
+    from tests.factories import deployment
+
+    reply_of(heartbeat(client, token, protocol.Heartbeat()))  # the card is cached from now on
+    assert reply_of(heartbeat(client, token, protocol.Heartbeat())).engines == []
+    deployment(engine="vllm", gpus_per_shard=1)
+    deployment("demo", engine="demo", gpus_per_shard=1)
+    reconcile()
+    want = [protocol.EngineWant(engine="vllm", variant="cuda")]
+    # The first beat after placement reads the database and caches the list; the next costs no query.
+    assert reply_of(heartbeat(client, token, protocol.Heartbeat())).engines == want
+    with django_assert_num_queries(0):
+        assert reply_of(heartbeat(client, token, protocol.Heartbeat())).engines == want

@@ -42,3 +42,14 @@ def test_the_install_state_is_what_the_agent_reported_the_most_hopeful_variant_f
     assert install_state("a", "llama.cpp") == ("ready", "")
     # Engines llmgw does not install need nothing.
     assert install_state("a", "demo") == ("ready", "")
+
+
+def test_a_shard_list_cached_without_engines_is_read_again_not_taken_as_wanting_none():
+    import msgspec
+
+    from livestate import shardlists
+
+    old = msgspec.msgpack.encode([[1, 2], [], []])
+    assert shardlists.decode(old, (1, 2)) is None
+    new = msgspec.msgpack.encode(shardlists.CachedShards((1, 2), [], [], [protocol.EngineWant(engine="vllm")]))
+    assert shardlists.decode(new, (1, 2)).engines == [protocol.EngineWant(engine="vllm")]

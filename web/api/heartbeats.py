@@ -162,16 +162,17 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
     evidence = gpuhealth.shows_evidence(beat.load)
     if caller.applied and evidence:
         gpuhealth.observe(card.node_id, beat.load.gpus, datetime.fromtimestamp(received_at, UTC))
-        specs = desired.sync_node(card.node_id, beat.shards)
-        _tally.add(selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started))
-        return heartbeat_reply(card, beat, specs)
-    if caller.applied:
-        specs = desired.from_cache(card.node_id, caller.shard_version, caller.cached_shards, beat.shards)
-        if specs is None:
-            specs = desired.sync_node(card.node_id, beat.shards, version=caller.shard_version)
+        orders = desired.orders(card.node_id, beat.shards)
         _tally.add(selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started))
         _pulse.accepted(received_at)
-        return heartbeat_reply(_as_revived(card), beat, specs)
+        return heartbeat_reply(_as_revived(card), beat, orders)
+    if caller.applied:
+        orders = desired.from_cache(card.node_id, caller.shard_version, caller.cached_shards, beat.shards)
+        if orders is None:
+            orders = desired.orders(card.node_id, beat.shards, version=caller.shard_version)
+        _tally.add(selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started))
+        _pulse.accepted(received_at)
+        return heartbeat_reply(_as_revived(card), beat, orders)
     at = datetime.fromtimestamp(received_at, UTC)
     store_card = not caller.cached
     if beat.inventory is not None:
@@ -210,8 +211,8 @@ def receive_heartbeat(caller: Caller, beat: protocol.Heartbeat, received_at: flo
         liveness.touch(Node(pk=card.node_id, liveness=card.liveness), at)
     if evidence:
         gpuhealth.observe(card.node_id, beat.load.gpus, at)
-    specs = desired.sync_node(card.node_id, beat.shards, use_cache=caller.redis_up)
-    return heartbeat_reply(_as_revived(card), beat, specs)
+    orders = desired.orders(card.node_id, beat.shards, use_cache=caller.redis_up)
+    return heartbeat_reply(_as_revived(card), beat, orders)
 
 
 def _as_revived(card: NodeCard) -> NodeCard:
@@ -225,18 +226,17 @@ def _as_revived(card: NodeCard) -> NodeCard:
     return msgspec.structs.replace(card, liveness=Liveness.ALIVE)
 
 
-def heartbeat_reply(
-    card: NodeCard, beat: protocol.Heartbeat, shards: list[protocol.ShardSpec]
-) -> protocol.HeartbeatReply:
+def heartbeat_reply(card: NodeCard, beat: protocol.Heartbeat, orders: desired.Orders) -> protocol.HeartbeatReply:
     """What the node is told: its displayed state, when to beat next, whether to send its inventory,
-    and exactly the shards it should run (placement decides them; the agent's reports of its
-    shards move them through starting and running)."""
+    exactly the shards it should run (placement decides them; the agent's reports of its
+    shards move them through starting and running) and the engines to install for them."""
     return protocol.HeartbeatReply(
         state=derive_state(card.admin_state, card.liveness),
         heartbeat_interval=settings.LLMGW_HEARTBEAT_INTERVAL,
         # An empty hash claims nothing; a different one means the node has changed.
         inventory_wanted=beat.inventory is None and beat.inventory_hash not in ("", card.inventory_hash),
-        shards=shards,
+        shards=orders.shards,
+        engines=orders.engines,
     )
 
 

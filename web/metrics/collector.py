@@ -92,6 +92,20 @@ class FleetCollector:
         yield rendered(families.DISK_SIZE, [text.size for text in disks])
         yield rendered(families.SHARD_GPUS, [a.gpus for a in allocations])
         yield rendered(families.SHARD_MEMORY_CLAIM, [a.memory_claim for a in allocations])
+        # A handful per node at most, rendered afresh: a state that changes is a series that ends.
+        install = families.ENGINE_INSTALL.name
+        yield rendered(
+            families.ENGINE_INSTALL,
+            [
+                line(
+                    install,
+                    labelset(node=i.node, engine=i.engine, version=i.version, variant=i.variant, state=i.state),
+                    1,
+                ).encode()
+                for i in inv.installs
+                if i.node in present
+            ],
+        )
 
 
 def rendered(family: Family, chunks: list[bytes]) -> RenderedFamily:

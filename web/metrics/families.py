@@ -34,6 +34,11 @@ DISK_FREE = Family("llmgw_node_local_disk_free_bytes", "Free bytes on the node's
 DISK_SIZE = Family("llmgw_node_local_disk_size_bytes", "Size of the node's own (not shared) model filesystems.")
 SHARD_GPUS = Family("llmgw_shard_allocated_gpus", "GPUs allocated to the shard.")
 SHARD_MEMORY_CLAIM = Family("llmgw_shard_memory_claim_bytes", "Host memory the shard's profile claimed on the node.")
+ENGINE_INSTALL = Family(
+    "llmgw_engine_install_state",
+    "An engine install the node's agent reported, its state (installing, ready, failed, unsupported) "
+    "as the label state; always 1.",
+)
 
 INVENTORY = (
     MEMORY_TOTAL,
@@ -48,6 +53,7 @@ INVENTORY = (
     DISK_SIZE,
     SHARD_GPUS,
     SHARD_MEMORY_CLAIM,
+    ENGINE_INSTALL,
 )
 SHARD_LOAD = (SHARD_CPU, SHARD_MEMORY)
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 from django.db import connections
 from django.db.models import Count, Q, QuerySet, Sum
 
-from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node, free_q
+from inventory.models import GPU, Allocation, EngineInstall, Filesystem, GPUClaim, Node, free_q
 
 
 class NodeFacts(NamedTuple):
@@ -80,6 +80,14 @@ class AllocationRow(NamedTuple):
     gpus: int
 
 
+class InstallRow(NamedTuple):
+    node: str
+    engine: str
+    version: str
+    variant: str
+    state: str
+
+
 @dataclass
 class Inventory:
     """Rows, not model instances: a scrape only formats them."""
@@ -89,6 +97,7 @@ class Inventory:
     gpu_conditions: list[GPUConditionRow]
     disks: list[DiskRow]
     allocations: list[AllocationRow]
+    installs: list[InstallRow]
 
 
 def read() -> Inventory:
@@ -129,6 +138,14 @@ def read() -> Inventory:
             for pk, *row in raw_rows(
                 Allocation.objects.order_by().values_list(
                     "pk", "node_id", "shard_id", "replica_id", "model", "memory_gb"
+                )
+            )
+        ],
+        installs=[
+            InstallRow._make(row)
+            for row in raw_rows(
+                EngineInstall.objects.order_by("node_id", "engine", "version", "variant").values_list(
+                    "node_id", "engine", "version", "variant", "state"
                 )
             )
         ],

@@ -10,6 +10,7 @@ and listed below them.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -19,11 +20,13 @@ from django.views.decorators.http import require_GET
 from django_htmx.http import HttpResponseStopPolling
 
 from agent.protocol import GPULoad, Load
+from inventory import endpoints, engine_wants
 from inventory.models import (
     CONDITION_COLOURS,
     GPU,
     REPLICA_COLOURS,
     Allocation,
+    EngineInstall,
     GPUCondition,
     Node,
     NodeEvent,
@@ -39,6 +42,24 @@ EVENTS_SHOWN = 20
 # Markers a chart draws at most: the newest ones in the range. A week of a flapping
 # node could hold thousands, and past a few hundred lines a chart is only ink.
 MARKERS_SHOWN = 200
+
+
+# A shard's resident memory this far above its profile's claim is flagged (the
+# LLMGWShardOverMemoryClaim alert uses the same ratio, sustained for 10 minutes).
+OVER_CLAIM_RATIO = 1.2
+
+
+@dataclass(frozen=True)
+class ShardFacts:
+    """What the node page reads of one of the node's shards, in its one shard query."""
+
+    state: str
+    reason: str
+    port: int
+    replica: str
+    model: str
+    engine: str
+    variant: str
 
 
 @dataclass
@@ -58,6 +79,11 @@ class EngineRow:
     rss_bytes: int | None = None
     # The shard's state as placement records it; None for a shard it does not know.
     state: ReplicaState | None = None
+    # Why it is in that state: the agent's last report (an exit code and the engine's last lines),
+    # or the install it waits for.
+    reason: str = ""
+    # Where clients reach the engine (its OpenAI-compatible API); empty for a shard not placed here.
+    endpoint: str = ""
     # A shard the agent measures that no allocation on this node accounts for.
     unplaced: bool = False
 
@@ -65,13 +91,29 @@ class EngineRow:
     def state_colour(self) -> str:
         return REPLICA_COLOURS[self.state] if self.state else ""
 
+    @property
+    def over_claim(self) -> bool:
+        """Resident memory more than 20 % over the claim; an undeclared claim is never exceeded."""
+        if not self.memory_claimed_gb or self.rss_bytes is None:
+            return False
+        return self.rss_bytes > OVER_CLAIM_RATIO * self.memory_claimed_gb * 2**30
 
-def engine_rows(allocations: list[Allocation], load: Load | None, states: dict[str, str]) -> list[EngineRow]:
-    """Allocations joined with the per-shard figures of the node's fresh load and the shards' states."""
+
+def engine_rows(
+    allocations: list[Allocation],
+    load: Load | None,
+    shards: dict[str, ShardFacts],
+    installs: Sequence[EngineInstall] = (),
+    address: str = "",
+) -> list[EngineRow]:
+    """Allocations joined with the per-shard figures of the node's fresh load and the shards' facts,
+    then the node's failed shards (kept an hour with why), then what runs unaccounted for."""
     measured = {shard.shard: shard for shard in load.shards} if load else {}
+    waiting = _install_waits(installs)
     rows = []
     for allocation in allocations:
         shard = measured.pop(allocation.shard_id, None)
+        facts = shards.get(allocation.shard_id)
         rows.append(
             EngineRow(
                 shard=allocation.shard_id,
@@ -81,9 +123,18 @@ def engine_rows(allocations: list[Allocation], load: Load | None, states: dict[s
                 memory_claimed_gb=allocation.memory_gb,
                 cpu_cores=shard.cpu_cores if shard else None,
                 rss_bytes=shard.rss_bytes if shard else None,
-                state=ReplicaState(states[allocation.shard_id]) if allocation.shard_id in states else None,
+                state=ReplicaState(facts.state) if facts else None,
+                reason=_reason(facts, waiting) if facts else "",
+                endpoint=endpoints.endpoint(address, facts.port) if facts and address else "",
             )
         )
+    for name, facts in sorted(shards.items()):
+        if facts.state == ReplicaState.FAILED:
+            rows.append(
+                EngineRow(
+                    shard=name, replica=facts.replica, model=facts.model, state=ReplicaState.FAILED, reason=facts.reason
+                )
+            )
     for name, shard in sorted(measured.items()):
         rows.append(EngineRow(shard=name, cpu_cores=shard.cpu_cores, rss_bytes=shard.rss_bytes, unplaced=True))
     return rows
@@ -116,6 +167,38 @@ def gpu_rows(gpus: list[GPU], holders: dict[int, str], load: Load | None) -> lis
             sample = None
         rows.append(GPURow(gpu, holders.get(gpu.index), sample))
     return rows
+
+
+def _install_waits(installs: Iterable[EngineInstall]) -> dict[tuple[str, str], str]:
+    """What a placed shard waits for, by (engine, variant): an install under way, with its step."""
+    return {
+        (i.engine, i.variant): " ".join(filter(None, ["waiting for", i.engine, i.version])) + f": {i.detail or i.state}"
+        for i in installs
+        if i.state == EngineInstall.State.INSTALLING
+    }
+
+
+def _reason(facts: ShardFacts, waiting: dict[tuple[str, str], str]) -> str:
+    if facts.state == ReplicaState.PLACED:
+        return waiting.get((facts.engine, facts.variant), facts.reason)
+    return facts.reason
+
+
+def shard_facts(node: Node) -> dict[str, ShardFacts]:
+    rows = Shard.objects.filter(node=node).values_list(
+        "shard_id",
+        "state",
+        "reason",
+        "port",
+        "replica__replica_id",
+        "replica__deployment__model_source",
+        "replica__deployment__engine",
+        "replica__deployment__gpus_per_shard",
+    )
+    return {
+        shard_id: ShardFacts(state, reason, port, replica, model, engine, engine_wants.variant(gpus))
+        for shard_id, state, reason, port, replica, model, engine, gpus in rows
+    }
 
 
 def valid_id(node_id: str) -> bool:
@@ -200,6 +283,7 @@ def live_context(node: Node, now: float) -> dict:
     holders = {claim.gpu_index: a.shard_id for a in allocations for claim in a.gpu_claims.all()}
     filesystems = list(node.filesystems.all())
     firing = promalerts.firing()
+    installs = list(node.engine_installs.all())
     return {
         "node": node,
         "alerts": firing.for_node(node.pk),
@@ -207,8 +291,13 @@ def live_context(node: Node, now: float) -> dict:
         "reading": reading,
         "load_problem": load_problem,
         "engines": engine_rows(
-            allocations, reading.load, dict(Shard.objects.filter(node=node).values_list("shard_id", "state"))
+            allocations,
+            reading.load,
+            shard_facts(node),
+            installs,
+            endpoints.node_address(node.mgmt_addr, node.hostname, node.pk),
         ),
+        "installs": installs,
         "gpus": gpu_rows(list(node.gpus.all()), holders, reading.load),
         "local_filesystems": [fs for fs in filesystems if not fs.shared],
         "shared_filesystems": [fs for fs in filesystems if fs.shared],

@@ -1,15 +1,24 @@
-"""Prepare this machine's demo (used by `make run`): an agent config under var/, and a demo deployment.
+"""Prepare this machine's demo (used by `make run`): an agent config under var/, and the demo deployments.
 
-The deployment runs the stand-in engine (`python -m agent.demo_engine`) on CPU,
-so the pages show engines, their cores and memory, and queue depth from the
-start on a machine with no GPU and no model.
+Two deployments, both on CPU:
+
+- `gemma`: Gemma 3 270M (GGUF) on llama.cpp, a real model on a real engine. Its
+  weights are fetched into var/models/ (`python -m agent.model_fetch`, started in the
+  background by `make run`), where the agent's `model_dirs` finds them; placement
+  waits for them, then the agent builds llama.cpp (or copies it from the shared
+  cache) in the background while the node page shows the install, and starts it.
+- `demo`: the stand-in engine (`python -m agent.demo_engine`), which needs no model
+  or build, so the pages show engines, their cores and memory, and queue depth from
+  the start; it is also what simulated fleets run.
 """
 
+import argparse
 from pathlib import Path
 
 from django.conf import settings
 from django.core.management.base import BaseCommand
 
+from agent.model_fetch import GEMMA_3_270M
 from inventory.models import Deployment, Engine
 
 DEMO_DEPLOYMENT = {
@@ -21,17 +30,41 @@ DEMO_DEPLOYMENT = {
     "memory_gb_per_shard": 1,
     "cpu_cores_per_shard": 1,
 }
+# Where the demo's model goes, under the var directory; the agent's only model directory.
+MODEL_DIR = "models"
+GEMMA_DEPLOYMENT = {
+    "engine": Engine.LLAMA_CPP,
+    "replicas": 1,
+    "shards_per_replica": 1,
+    "gpus_per_shard": 0,
+    # About 0.5 GB resident with llama-server's default context; the claim leaves room.
+    "memory_gb_per_shard": 1,
+    # Undeclared: llama-server then uses every core, and the demo engines' claims still fit a 2-core machine.
+    "cpu_cores_per_shard": 0,
+}
+
+
+def gemma_path(var: Path) -> Path:
+    """Where `python -m agent.model_fetch VAR/models` puts the model, and so the deployment's model source."""
+    return var.resolve() / MODEL_DIR / GEMMA_3_270M.filename
 
 
 class Command(BaseCommand):
-    help = "Write var/agent.yaml for an agent on this machine, and create the demo deployment, if absent."
+    help = "Write var/agent.yaml for an agent on this machine, and create the demo deployments, if absent."
 
     def add_arguments(self, parser):
         parser.add_argument("--var-dir", default=str(settings.VAR_DIR))
         parser.add_argument("--control-plane", default="http://127.0.0.1:8000")
+        parser.add_argument(
+            "--gemma",
+            action=argparse.BooleanOptionalAction,
+            default=True,
+            help="also deploy Gemma 3 270M on llama.cpp (--no-gemma: the stand-in engine only)",
+        )
 
-    def handle(self, *args, var_dir, control_plane, **options):
+    def handle(self, *args, var_dir, control_plane, gemma, **options):
         var = Path(var_dir)
+        models = var.resolve() / MODEL_DIR
         config = var / "agent.yaml"
         if not config.exists():
             config.write_text(
@@ -40,7 +73,17 @@ class Command(BaseCommand):
                 f"state_dir: {var / 'agent-state'}\n"
                 "interval: 5\n"
                 "labels:\n  role: demo\n"
+                f"model_dirs:\n  - {models}\n"
             )
-        # Left alone once it exists: an operator may have scaled it or removed its replicas on purpose.
+        elif "model_dirs:" not in config.read_text():
+            # A config written before the demo had a model: the agent must look where the model goes.
+            with config.open("a") as out:
+                out.write(f"model_dirs:\n  - {models}\n")
+        models.mkdir(parents=True, exist_ok=True)
+        # Left alone once they exist: an operator may have scaled them or removed their replicas on purpose.
         Deployment.objects.get_or_create(name="demo", defaults=DEMO_DEPLOYMENT)
+        if gemma:
+            Deployment.objects.get_or_create(
+                name="gemma", defaults={**GEMMA_DEPLOYMENT, "model_source": str(gemma_path(var))}
+            )
         self.stdout.write(str(config))

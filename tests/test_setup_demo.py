@@ -1,0 +1,64 @@
+"""setup_demo, as `make run` calls it: an agent config that looks where the demo's model goes, and Gemma 3 270M
+on llama.cpp placed once the agent reports the weights there, asking it for llama.cpp."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from django.core.management import call_command
+
+from agent import config as agent_config
+from agent import protocol
+from agent.model_fetch import GEMMA_3_270M
+from inventory.desired import orders
+from inventory.models import Deployment, Engine, Replica, ReplicaState
+from inventory.reconcile import reconcile
+from tests.factories import node
+
+pytestmark = pytest.mark.django_db
+
+
+def setup_demo(var, *flags: str) -> None:
+    (var / "join-token").write_text("demo-join")  # devstack.stack writes it before the agent starts
+    call_command("setup_demo", f"--var-dir={var}", *flags, stdout=io.StringIO())
+
+
+def test_the_agent_looks_for_models_where_the_demo_model_is_fetched(tmp_path):
+    setup_demo(tmp_path)
+    config = agent_config.load(tmp_path / "agent.yaml")
+    assert config.model_dirs == [str(tmp_path / "models")]
+    gemma = Deployment.objects.get(name="gemma")
+    assert gemma.model_source == str(tmp_path / "models" / GEMMA_3_270M.filename)
+    assert (gemma.engine, gemma.gpus_per_shard) == (Engine.LLAMA_CPP, 0)
+
+
+def test_a_config_from_before_the_model_gets_the_model_directory_and_keeps_the_rest(tmp_path):
+    (tmp_path / "agent.yaml").write_text(
+        f"control_plane: http://127.0.0.1:8000\njoin_token_file: {tmp_path / 'join-token'}\ninterval: 7\n"
+    )
+    setup_demo(tmp_path)
+    setup_demo(tmp_path)
+    config = agent_config.load(tmp_path / "agent.yaml")
+    assert (config.interval, config.model_dirs) == (7, [str(tmp_path / "models")])
+
+
+def test_gemma_waits_for_its_weights_then_asks_the_node_for_llama_cpp(tmp_path):
+    setup_demo(tmp_path)
+    path = str(tmp_path / "models" / GEMMA_3_270M.filename)
+    node("laptop", gpus=0, cpus=2, memory_gb=8, weights=[])
+    reconcile()
+    gemma = Replica.objects.get(deployment__name="gemma")
+    assert gemma.state == ReplicaState.PENDING
+    assert f"lacks {path}" in gemma.reason
+    node("laptop", gpus=0, cpus=2, memory_gb=8, weights=[path])
+    reconcile()
+    specs, engines = orders("laptop")
+    (spec,) = [s for s in specs if s.engine == Engine.LLAMA_CPP]
+    assert spec.command[:3] == ["llama-server", "--model", path]
+    assert protocol.EngineWant(engine="llama.cpp", variant="cpu") in engines
+
+
+def test_no_gemma_makes_the_stand_in_engine_alone(tmp_path):
+    setup_demo(tmp_path, "--no-gemma")
+    assert list(Deployment.objects.values_list("name", flat=True)) == ["demo"]
