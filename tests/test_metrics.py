@@ -248,7 +248,8 @@ def test_a_scrape_runs_the_same_queries_whatever_the_fleet_size(
 
     ids = factories.build(count, at=time.time())
     factories.save_loads(ids, time.time())
-    with django_assert_num_queries(6):
+    # Nodes, GPUs, GPU conditions, filesystems, allocations, GPU claims, engine installs.
+    with django_assert_num_queries(7):
         found = scrape(client)
     assert len(named(found, "llmgw_shard_cpu_cores")) == 4 * count
     # Four shards of two GPUs each hold all eight GPUs of every node.
