@@ -8,6 +8,7 @@ through the actions, which ask for a reason and record it.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import redis
 from django import forms
@@ -18,6 +19,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from agent.protocol import Load
 from inventory import endpoints, gpuhealth
 from inventory.models import (
     AGENT_FIELDS,
@@ -213,6 +215,17 @@ READ_ONLY = (
 )
 
 
+def load_figure(node: Node, show: Callable[[Load], str]) -> str:
+    """A figure from the node's current load; a dash when Redis had none (or was not reachable)."""
+    stored = getattr(node, "current_load", None)
+    return "—" if stored is None else show(stored.load)
+
+
+def ram_used(load: Load) -> str:
+    total = load.memory_used_bytes + load.memory_available_bytes
+    return f"{load.memory_used_bytes / 2**30:.1f} / {total / 2**30:.1f} GiB"
+
+
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ("id", "state_display", "hostname", "gpus_display", "cpu_display", "ram_display", "heartbeat_age")
@@ -284,19 +297,11 @@ class NodeAdmin(admin.ModelAdmin):
 
     @admin.display(description="CPU")
     def cpu_display(self, node):
-        load = getattr(node, "current_load", None)
-        if load is None:
-            return "—"
-        return f"{load.load.cpu_percent:.0f}% of {load.load.cpus}"
+        return load_figure(node, lambda load: f"{load.cpu_percent:.0f}% of {load.cpus}")
 
     @admin.display(description="RAM used")
     def ram_display(self, node):
-        load = getattr(node, "current_load", None)
-        if load is None:
-            return "—"
-        used = load.load.memory_used_bytes
-        total = used + load.load.memory_available_bytes
-        return f"{used / 2**30:.1f} / {total / 2**30:.1f} GiB"
+        return load_figure(node, ram_used)
 
     @admin.display(description="last heartbeat", ordering="last_heartbeat")
     def heartbeat_age(self, node):

@@ -29,6 +29,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent import protocol
+from inventory.events import change_and_record
 from inventory.models import GPU, GPUCondition, NodeEvent
 from inventory.replicas import fail_gpu_holders
 from livestate import loadstore
@@ -164,20 +165,20 @@ def clear(gpu: GPU, actor: str, reason: str, now: datetime | None = None) -> boo
 
 def _move(node_id: str, index: int, old: str, new: GPUCondition, reason: str, actor: str, now: datetime) -> bool:
     """Compare-and-set one GPU's condition, with a node event when it changed."""
-    with transaction.atomic():
-        moved = GPU.objects.filter(node_id=node_id, index=index, condition=old).update(
-            condition=new,
-            condition_reason="" if new == GPUCondition.HEALTHY else reason[:1024],
-            condition_since=now,
-        )
-        if moved:
-            NodeEvent.objects.create(
-                node_id=node_id,
-                at=now,
-                kind=NodeEvent.Kind.GPU,
-                from_state=old,
-                to_state=new,
-                reason=f"GPU {index}: {reason}",
-                actor=actor[:150],
-            )
-    return bool(moved)
+    return change_and_record(
+        GPU.objects.filter(node_id=node_id, index=index, condition=old),
+        {
+            "condition": new,
+            "condition_reason": "" if new == GPUCondition.HEALTHY else reason[:1024],
+            "condition_since": now,
+        },
+        NodeEvent(
+            node_id=node_id,
+            at=now,
+            kind=NodeEvent.Kind.GPU,
+            from_state=old,
+            to_state=new,
+            reason=f"GPU {index}: {reason}",
+            actor=actor[:150],
+        ),
+    )

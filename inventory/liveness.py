@@ -41,6 +41,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
+from inventory.events import change_and_record
 from inventory.models import RUN_STATES, Allocation, Liveness, Node, NodeEvent, ReplicaState, Shard
 from inventory.replicas import fail_replicas
 from livestate import cards, heartbeats
@@ -59,19 +60,19 @@ warn_holding_back = OccasionalWarning(log, 60.0)
 
 def change_liveness(node_id: str, old: str, new: str, reason: str, at: datetime) -> bool:
     """Move a node from `old` to `new` liveness if it is still `old`; record it."""
-    with transaction.atomic():
-        changed = Node.objects.filter(pk=node_id, liveness=old).update(liveness=new)
-        if changed:
-            NodeEvent.objects.create(
-                node_id=node_id,
-                at=at,
-                kind=NodeEvent.Kind.LIVENESS,
-                from_state=old,
-                to_state=new,
-                reason=reason,
-                actor="system",
-            )
-    return bool(changed)
+    return change_and_record(
+        Node.objects.filter(pk=node_id, liveness=old),
+        {"liveness": new},
+        NodeEvent(
+            node_id=node_id,
+            at=at,
+            kind=NodeEvent.Kind.LIVENESS,
+            from_state=old,
+            to_state=new,
+            reason=reason,
+            actor="system",
+        ),
+    )
 
 
 def touch(node: Node, now: datetime | None = None) -> Node:

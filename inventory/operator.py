@@ -7,6 +7,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.utils import timezone
 
+from inventory.events import change_and_record
 from inventory.models import AdminState, Node, NodeEvent
 
 
@@ -67,18 +68,21 @@ def finish_drain(node_id: str, now=None) -> bool:
     """
     now = now or timezone.now()
     reason = "drain finished: nothing left on the node"
-    with transaction.atomic():
-        changed = Node.objects.filter(pk=node_id, admin_state=AdminState.DRAINING).update(
-            admin_state=AdminState.CORDONED, admin_state_by="system", admin_state_at=now, admin_state_reason=reason
-        )
-        if changed:
-            NodeEvent.objects.create(
-                node_id=node_id,
-                at=now,
-                kind=NodeEvent.Kind.ADMIN,
-                from_state=AdminState.DRAINING,
-                to_state=AdminState.CORDONED,
-                reason=reason,
-                actor="system",
-            )
-    return bool(changed)
+    return change_and_record(
+        Node.objects.filter(pk=node_id, admin_state=AdminState.DRAINING),
+        {
+            "admin_state": AdminState.CORDONED,
+            "admin_state_by": "system",
+            "admin_state_at": now,
+            "admin_state_reason": reason,
+        },
+        NodeEvent(
+            node_id=node_id,
+            at=now,
+            kind=NodeEvent.Kind.ADMIN,
+            from_state=AdminState.DRAINING,
+            to_state=AdminState.CORDONED,
+            reason=reason,
+            actor="system",
+        ),
+    )

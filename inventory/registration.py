@@ -135,35 +135,23 @@ def _replace_hardware(node: Node, inventory: protocol.Inventory) -> list[int]:
     dropped = _replace_gpus(node, inventory.gpus)
     for model in (Filesystem, Weights, FabricAttachment, EngineInstall):
         model.objects.filter(node=node).delete()
-    Filesystem.objects.bulk_create(
-        Filesystem(
-            node=node,
-            mount=fs.mount,
-            fstype=fs.fstype,
-            total_bytes=fs.total_bytes,
-            free_bytes=fs.free_bytes,
-            shared=fs.shared,
+    # The tables whose rows copy the report field for field, each report deduplicated where the table is unique.
+    copied = (
+        (
+            Filesystem,
+            _unique_by(inventory.filesystems, lambda fs: fs.mount),
+            ("mount", "fstype", "total_bytes", "free_bytes", "shared"),
+        ),
+        (Weights, _unique_by(inventory.weights, lambda w: w.path), ("path", "size_bytes", "format")),
+        (EngineInstall, inventory.provision, ("engine", "version", "variant", "state", "detail")),
+    )
+    for model, reported, fields in copied:
+        model.objects.bulk_create(
+            model(node=node, **{name: getattr(item, name) for name in fields}) for item in reported
         )
-        for fs in _unique_by(inventory.filesystems, lambda fs: fs.mount)
-    )
-    Weights.objects.bulk_create(
-        Weights(node=node, path=w.path, size_bytes=w.size_bytes, format=w.format)
-        for w in _unique_by(inventory.weights, lambda w: w.path)
-    )
     FabricAttachment.objects.bulk_create(
         FabricAttachment(node=node, fabric=f.name, hcas=list(f.hcas), rate_gbps=f.rate_gbps)
         for f in _unique_by(inventory.fabrics, lambda f: f.name)
-    )
-    EngineInstall.objects.bulk_create(
-        EngineInstall(
-            node=node,
-            engine=p.engine,
-            version=p.version,
-            variant=p.variant,
-            state=p.state,
-            detail=p.detail,
-        )
-        for p in inventory.provision
     )
     return dropped
 

@@ -29,27 +29,28 @@ local boot_id = ARGV[12]           -- the agent run's boot id, or empty
 local seq = ARGV[13]               -- the heartbeat's number in that run
 local sequence_expiry = ARGV[14]   -- sequence expiry (s)
 
+-- Counts one more on a fixed-minute counter, which expires with its minute; returns the count.
+local function count(key)
+  local n = redis.call('INCR', key)
+  if n == 1 then
+    redis.call('EXPIRE', key, counter_expiry)
+  end
+  return n
+end
+
 -- A refused credential counts against the address it came from; past the budget the
 -- address hears 'locked' instead, for the rest of the minute. Only a wrong credential is
 -- ever counted or locked: a right one is accepted whatever its address has sent, since
 -- every agent behind a proxy shares that address with whoever else comes through it.
 local function refuse()
-  local refused = redis.call('INCR', refused_key)
-  if refused == 1 then
-    redis.call('EXPIRE', refused_key, counter_expiry)
-  end
-  if refused > tonumber(refused_allowed) then
+  if count(refused_key) > tonumber(refused_allowed) then
     return {'locked'}
   end
   return {'unauthorized'}
 end
 
 -- Keyed by the digest of the whole token: a stranger's wrong secret counts on a key of its own.
-local hits = redis.call('INCR', rate_key)
-if hits == 1 then
-  redis.call('EXPIRE', rate_key, counter_expiry)
-end
-if hits > tonumber(heartbeats_allowed) then
+if count(rate_key) > tonumber(heartbeats_allowed) then
   return {'rate'}
 end
 

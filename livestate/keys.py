@@ -7,6 +7,7 @@ modules write).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -43,28 +44,21 @@ RECONCILE_LOCK = "llmgw:reconcile"
 FLEET_TOTALS = "llmgw:pages:fleet-totals"
 
 
-def load(node_id: str) -> str:
-    return LOAD_PREFIX + node_id
+def _node_key(prefix: str) -> Callable[[str], str]:
+    """The function naming one node's key under `prefix`."""
+
+    def key(node_id: str) -> str:
+        return prefix + node_id
+
+    return key
 
 
-def load_lines(node_id: str) -> str:
-    return LOAD_LINES_PREFIX + node_id
-
-
-def card(node_id: str) -> str:
-    return CARD_PREFIX + node_id
-
-
-def generation(node_id: str) -> str:
-    return GENERATION_PREFIX + node_id
-
-
-def node_shards(node_id: str) -> str:
-    return NODE_SHARDS_PREFIX + node_id
-
-
-def sequence(node_id: str) -> str:
-    return SEQUENCE_PREFIX + node_id
+load = _node_key(LOAD_PREFIX)
+load_lines = _node_key(LOAD_LINES_PREFIX)
+card = _node_key(CARD_PREFIX)
+generation = _node_key(GENERATION_PREFIX)
+node_shards = _node_key(NODE_SHARDS_PREFIX)
+sequence = _node_key(SEQUENCE_PREFIX)
 
 
 class NodeKeys(NamedTuple):

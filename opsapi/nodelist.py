@@ -1,25 +1,22 @@
 """The nodes list: the cluster table's filters and sort, with figures as numbers instead of text.
 
-Filtering (`TableQuery.nodes`) and the sort columns (`DB_SORTS`, `LOAD_SORTS`)
-are the cluster page's own, so the API and the page list the same nodes in
-the same order. The rest of a page costs the same few queries whatever the
-fleet's size: the page of nodes, their count, and one query each for their
-GPUs, GPU claims, disks and placed shards.
+Filtering and sorting (`TableQuery`, `sorted_nodes`) are the cluster page's
+own, so the API and the page list the same nodes in the same order. The rest
+of a page costs the same few queries whatever the fleet's size: the page of
+nodes, their count, and one query each for their GPUs, GPU claims, disks and
+placed shards.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
-import redis
 from django.db.models import Count
 
 from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node
 from inventory.models.gpus import HEALTH_OK
-from web.views.cluster import DB_SORTS, LOAD_SORTS, TableQuery
-from web.views.loads import Reading, fetch_readings, fresh_figures, heartbeat_age
-
-ROW_FIELDS = ("id", "hostname", "labels", "operator_labels", "admin_state", "liveness", "last_heartbeat")
+from web.views.cluster import TableQuery, sorted_nodes
+from web.views.loads import Reading, fetch_readings, heartbeat_age
 
 
 def table_query(params: dict) -> TableQuery:
@@ -37,29 +34,8 @@ def table_query(params: dict) -> TableQuery:
 
 def page_of_nodes(query: TableQuery, page_size: int, now: float) -> tuple[list[Node], int]:
     """One page of matching nodes in the table's order, and how many match in all."""
-    nodes = query.nodes()
-    start, end = (query.page - 1) * page_size, query.page * page_size
-    if query.sort in LOAD_SORTS:
-        # Sorting by load needs every matching node's load: one MGET for them all.
-        key = LOAD_SORTS[query.sort]
-        ids = list(nodes.values_list("id", flat=True))
-        try:
-            figures = fresh_figures(ids, now)
-        except redis.RedisError:
-            figures = {}
-        known = sorted((pk for pk in ids if pk in figures), key=lambda pk: (key(figures[pk]), pk))
-        if query.descending:
-            known.reverse()
-        ordered = known + [pk for pk in ids if pk not in figures]
-        page_ids = ordered[start:end]
-        by_id = {node.pk: node for node in Node.objects.filter(pk__in=page_ids).only(*ROW_FIELDS)}
-        return [by_id[pk] for pk in page_ids if pk in by_id], len(ordered)
-    annotations, order = DB_SORTS[query.sort]
-    for name, expression in annotations:
-        nodes = nodes.annotate(**{name: expression()})
-    if query.descending:
-        order = [term[1:] if term.startswith("-") else f"-{term}" for term in order]
-    return list(nodes.only(*ROW_FIELDS).order_by(*order)[start:end]), nodes.count()
+    count, between = sorted_nodes(query, now)
+    return between((query.page - 1) * page_size, query.page * page_size), count
 
 
 def load_fields(reading: Reading) -> dict:

@@ -8,6 +8,7 @@ becomes WrongShape naming the place, so the page can say what went wrong.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from typing import TypedDict
 
 
@@ -32,6 +33,22 @@ def _expect(value: object, kind: type, where: str) -> None:
         raise WrongShape(f"{where} is {_kind(value)}, not {wanted}")
 
 
+def _data(body: dict) -> dict:
+    data = body.get("data")
+    _expect(data, dict, "data")
+    return data
+
+
+def _objects(data: dict, name: str) -> Iterator[tuple[str, dict]]:
+    """Each object of the list `data.<name>`, with the place it stands at; raises WrongShape."""
+    listed = data.get(name)
+    _expect(listed, list, f"data.{name}")
+    for i, item in enumerate(listed):
+        where = f"data.{name}[{i}]"
+        _expect(item, dict, where)
+        yield where, item
+
+
 def _point(point: object, where: str) -> tuple[float, float]:
     if not isinstance(point, list) or len(point) != 2:
         raise WrongShape(f"{where} is not a [time, value] pair")
@@ -50,16 +67,11 @@ def _point(point: object, where: str) -> tuple[float, float]:
 
 def matrix(body: dict) -> list[Series]:
     """The series of a successful range query's answer; raises WrongShape."""
-    data = body.get("data")
-    _expect(data, dict, "data")
+    data = _data(body)
     if data.get("resultType") != "matrix":
         raise WrongShape(f"data.resultType is {data.get('resultType')!r}, not 'matrix'")
-    result = data.get("result")
-    _expect(result, list, "data.result")
     checked = []
-    for i, series in enumerate(result):
-        where = f"data.result[{i}]"
-        _expect(series, dict, where)
+    for where, series in _objects(data, "result"):
         metric = series.get("metric")
         _expect(metric, dict, f"{where}.metric")
         if not all(isinstance(v, str) for v in metric.values()):
@@ -88,14 +100,8 @@ def _strings(value: object, where: str) -> dict[str, str]:
 
 def alerts(body: dict) -> list[AlertShape]:
     """The alerts of a successful `/api/v1/alerts` answer; raises WrongShape."""
-    data = body.get("data")
-    _expect(data, dict, "data")
-    listed = data.get("alerts")
-    _expect(listed, list, "data.alerts")
     checked = []
-    for i, alert in enumerate(listed):
-        where = f"data.alerts[{i}]"
-        _expect(alert, dict, where)
+    for where, alert in _objects(_data(body), "alerts"):
         state = alert.get("state")
         if not isinstance(state, str):
             raise WrongShape(f"{where}.state is {_kind(state)}, not a string")

@@ -3,30 +3,38 @@
 from django.db import models
 
 
-class AdminState(models.TextChoices):
+class ValueChoices(models.TextChoices):
+    """Choices shown as they are stored ("cordoned"), where Django would title-case the name ("Cordoned")."""
+
+    @property
+    def label(self) -> str:
+        return self.value
+
+
+class AdminState(ValueChoices):
     """Operator intent. Only an operator changes it (or drain finishing)."""
 
-    ACTIVE = "active", "active"
-    CORDONED = "cordoned", "cordoned"
-    DRAINING = "draining", "draining"
+    ACTIVE = "active"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
 
 
-class Liveness(models.TextChoices):
+class Liveness(ValueChoices):
     """What heartbeats say. Only heartbeats and the stale-marking task change it."""
 
-    ALIVE = "alive", "alive"
-    UNREACHABLE = "unreachable", "unreachable"
-    LOST = "lost", "lost"
+    ALIVE = "alive"
+    UNREACHABLE = "unreachable"
+    LOST = "lost"
 
 
-class NodeState(models.TextChoices):
+class NodeState(ValueChoices):
     """The displayed state, derived from the two above by `derive_state`."""
 
-    READY = "ready", "ready"
-    CORDONED = "cordoned", "cordoned"
-    DRAINING = "draining", "draining"
-    UNREACHABLE = "unreachable", "unreachable"
-    LOST = "lost", "lost"
+    READY = "ready"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    UNREACHABLE = "unreachable"
+    LOST = "lost"
 
 
 # One colour per displayed state, for badges in the admin and on the pages.

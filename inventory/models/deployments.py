@@ -18,6 +18,7 @@ from django.dispatch import receiver
 from django.utils import timezone
 
 from inventory.models.allocations import Allocation
+from inventory.models.choices import ValueChoices
 from inventory.models.nodes import Node
 from livestate import shardversion
 
@@ -38,15 +39,15 @@ class Engine(models.TextChoices):
     COMMAND = "command", "command (arguments are the whole command line)"
 
 
-class ReplicaState(models.TextChoices):
+class ReplicaState(ValueChoices):
     """Where a replica or a shard stands. A replica lives and fails whole."""
 
-    PENDING = "pending", "pending"
-    PLACED = "placed", "placed"
-    STARTING = "starting", "starting"
-    RUNNING = "running", "running"
-    FAILED = "failed", "failed"
-    RELEASING = "releasing", "releasing"
+    PENDING = "pending"
+    PLACED = "placed"
+    STARTING = "starting"
+    RUNNING = "running"
+    FAILED = "failed"
+    RELEASING = "releasing"
 
 
 # States in which a replica holds, or is waiting for, a place in the fleet.

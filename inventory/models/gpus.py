@@ -14,6 +14,7 @@ from django.db import models
 from django.db.models import Exists, OuterRef, Q
 
 from inventory.models.allocations import GPUClaim
+from inventory.models.choices import ValueChoices
 from inventory.models.nodes import Node
 
 _VENDOR_WORDS = re.compile(r"\b(NVIDIA|Tesla|GeForce|Quadro|AMD|Instinct|Radeon)\b", re.IGNORECASE)
@@ -23,14 +24,14 @@ _MEMORY_IN_NAME = re.compile(r"(\d{1,3})\s?GB\b", re.IGNORECASE)
 HEALTH_OK = "ok"
 
 
-class GPUCondition(models.TextChoices):
+class GPUCondition(ValueChoices):
     """The control plane's verdict on a GPU (inventory.gpuhealth moves it; docs/gpus.md has the rules)."""
 
-    HEALTHY = "healthy", "healthy"
+    HEALTHY = "healthy"
     # Takes no new shard; what runs on it stays. Back to healthy after enough clean samples.
-    DEGRADED = "degraded", "degraded"
+    DEGRADED = "degraded"
     # Takes nothing; the replica holding it is rebuilt elsewhere. Only an operator clears it.
-    FAILED = "failed", "failed"
+    FAILED = "failed"
 
 
 # One colour per condition, as STATE_COLOURS for nodes.

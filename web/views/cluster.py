@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import redis
 from django.db.models import Q, QuerySet
@@ -133,8 +135,15 @@ class TableQuery:
         return cells
 
 
-def table_page(query: TableQuery, now: float) -> dict:
-    """The rows of the asked-for page, what the pager needs, and any problem reading loads."""
+class SortedNodes(NamedTuple):
+    """The nodes a table query matches, in its order: how many, and a function reading those from `start` to `end`."""
+
+    count: int
+    between: Callable[[int, int], list[Node]]
+
+
+def sorted_nodes(query: TableQuery, now: float) -> SortedNodes:
+    """The matching nodes in the table's order; the page and the operators' API both list them through this."""
     nodes = query.nodes()
     if query.sort in LOAD_SORTS:
         # Sorting by load needs the load of every matching node: one MGET for all of them.
@@ -148,24 +157,30 @@ def table_page(query: TableQuery, now: float) -> dict:
         unknown = [pk for pk in ids if pk not in figures]
         known.sort(key=lambda pk: (key(figures[pk]), pk), reverse=query.descending)
         ordered = known + unknown
-        count = len(ordered)
-        pages = max(math.ceil(count / PAGE_SIZE), 1)
-        page = min(query.page, pages)
-        page_ids = ordered[(page - 1) * PAGE_SIZE : page * PAGE_SIZE]
-        by_id = {node.pk: node for node in Node.objects.filter(pk__in=page_ids).only(*ROW_FIELDS)}
-        page_nodes = [by_id[pk] for pk in page_ids if pk in by_id]
-        readings, problem = fetch_readings(page_ids, now)
-    else:
-        annotations, order = DB_SORTS[query.sort]
-        for name, expression in annotations:
-            nodes = nodes.annotate(**{name: expression()})
-        if query.descending:
-            order = [term[1:] if term.startswith("-") else f"-{term}" for term in order]
-        count = nodes.count()
-        pages = max(math.ceil(count / PAGE_SIZE), 1)
-        page = min(query.page, pages)
-        page_nodes = list(nodes.only(*ROW_FIELDS).order_by(*order)[(page - 1) * PAGE_SIZE : page * PAGE_SIZE])
-        readings, problem = fetch_readings([node.pk for node in page_nodes], now)
+
+        def between(start: int, end: int) -> list[Node]:
+            page_ids = ordered[start:end]
+            by_id = {node.pk: node for node in Node.objects.filter(pk__in=page_ids).only(*ROW_FIELDS)}
+            return [by_id[pk] for pk in page_ids if pk in by_id]
+
+        return SortedNodes(len(ordered), between)
+    annotations, order = DB_SORTS[query.sort]
+    for name, expression in annotations:
+        nodes = nodes.annotate(**{name: expression()})
+    if query.descending:
+        order = [term[1:] if term.startswith("-") else f"-{term}" for term in order]
+    nodes = nodes.only(*ROW_FIELDS).order_by(*order)
+    return SortedNodes(nodes.count(), lambda start, end: list(nodes[start:end]))
+
+
+def table_page(query: TableQuery, now: float) -> dict:
+    """The rows of the asked-for page, what the pager needs, and any problem reading loads."""
+    count, between = sorted_nodes(query, now)
+    pages = max(math.ceil(count / PAGE_SIZE), 1)
+    # A page past the end (the fleet shrank since the link was made) shows the last one.
+    page = min(query.page, pages)
+    page_nodes = between((page - 1) * PAGE_SIZE, page * PAGE_SIZE)
+    readings, problem = fetch_readings([node.pk for node in page_nodes], now)
     rows = node_rows(page_nodes, readings, now, problem)
     return {"rows": rows, "count": count, "page": page, "pages": pages, "table_problem": problem}
 

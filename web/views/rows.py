@@ -22,6 +22,19 @@ ROW_FIELDS = ("id", "hostname", "labels", "operator_labels", "admin_state", "liv
 
 
 @dataclass
+class Gauge:
+    """A bar cell: the percent (for sorting in the browser), the bar's fill class, and the figure shown beside it."""
+
+    percent: str = ""
+    fill: str = "p0"
+    text: str = ""
+
+    @classmethod
+    def of(cls, percent: float | None, text: str) -> Gauge:
+        return cls(percent=f"{percent:.1f}" if percent is not None else "", fill=bar_class(percent), text=text)
+
+
+@dataclass
 class NodeRow:
     id: str
     url: str
@@ -31,12 +44,8 @@ class NodeRow:
     # Load: the figures when fresh, else `unknown` says why there are none.
     unknown: str = ""
     stale: bool = False
-    cpu_percent: str = ""
-    cpu_bar: str = "p0"
-    cpu_text: str = ""
-    ram_percent: str = ""
-    ram_bar: str = "p0"
-    ram_text: str = ""
+    cpu: Gauge = field(default_factory=Gauge)
+    ram: Gauge = field(default_factory=Gauge)
     ram_available: str = ""
     load1: str = ""
     gpus: str = ""
@@ -103,12 +112,7 @@ def _fill_load(row: NodeRow, reading: Reading, load_problem: str | None) -> None
         else:
             row.unknown = "no load reported"
         return
-    memory_percent = reading.memory_percent
-    row.cpu_percent = f"{load.cpu_percent:.1f}"
-    row.cpu_bar = bar_class(load.cpu_percent)
-    row.cpu_text = f"{load.cpu_percent:.0f}% · {reading.cores_busy:.1f}/{load.cpus}"
-    row.ram_percent = f"{memory_percent:.1f}" if memory_percent is not None else ""
-    row.ram_bar = bar_class(memory_percent)
-    row.ram_text = f"{gib(load.memory_used_bytes)} / {gib(reading.memory_total)}"
+    row.cpu = Gauge.of(load.cpu_percent, f"{load.cpu_percent:.0f}% · {reading.cores_busy:.1f}/{load.cpus}")
+    row.ram = Gauge.of(reading.memory_percent, f"{gib(load.memory_used_bytes)} / {gib(reading.memory_total)}")
     row.ram_available = gib(load.memory_available_bytes)
     row.load1 = f"{load.load1:.2f}"
