@@ -13,7 +13,7 @@ from collections.abc import Callable
 import redis
 from django import forms
 from django.contrib import admin, messages
-from django.db.models import Count, Prefetch, Q
+from django.db.models import Count, Exists, OuterRef, Prefetch, Q
 from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -84,32 +84,45 @@ class LabelFilter(admin.SimpleListFilter):
         return queryset.filter(label_filter(label_key, value))
 
 
-class GPUClassFilter(admin.SimpleListFilter):
+class ValueFilter(admin.SimpleListFilter):
+    """Offers each value a column holds across the fleet; choosing one keeps the nodes `matching` selects."""
+
+    def values(self):
+        raise NotImplementedError
+
+    def matching(self, value: str) -> Q:
+        raise NotImplementedError
+
+    def lookups(self, request, model_admin):
+        return [(value, value) for value in self.values().distinct()]
+
+    def queryset(self, request, queryset):
+        if self.value():
+            return queryset.filter(self.matching(self.value()))
+        return queryset
+
+
+class GPUClassFilter(ValueFilter):
     title = "GPU class"
     parameter_name = "gpu_class"
 
-    def lookups(self, request, model_admin):
-        classes = GPU.objects.values_list("gpu_class", flat=True).distinct().order_by("gpu_class")
-        return [(c, c) for c in classes]
+    def values(self):
+        return GPU.objects.values_list("gpu_class", flat=True).order_by("gpu_class")
 
-    def queryset(self, request, queryset):
-        if self.value():
-            return queryset.filter(gpu_class_filter(self.value()))
-        return queryset
+    def matching(self, value: str) -> Q:
+        return gpu_class_filter(value)
 
 
-class FabricFilter(admin.SimpleListFilter):
+class FabricFilter(ValueFilter):
     title = "fabric"
     parameter_name = "fabric"
 
-    def lookups(self, request, model_admin):
-        names = FabricAttachment.objects.values_list("fabric", flat=True).distinct().order_by("fabric")
-        return [(n, n) for n in names]
+    def values(self):
+        return FabricAttachment.objects.values_list("fabric", flat=True).order_by("fabric")
 
-    def queryset(self, request, queryset):
-        if self.value():
-            return queryset.filter(fabrics__fabric=self.value()).distinct()
-        return queryset
+    def matching(self, value: str) -> Q:
+        # Exists rather than a join, so a node on two matching attachments is listed once.
+        return Q(Exists(FabricAttachment.objects.filter(node=OuterRef("pk"), fabric=value)))
 
 
 class ReadOnlyInline(admin.TabularInline):
