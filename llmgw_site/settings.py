@@ -84,6 +84,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # POST /api/v1/heartbeat leaves the chain here: the rest serves people, not agents.
+    "web.api.fastpath.HeartbeatFastPath",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "llmgw_site.security.SecurityHeadersMiddleware",
     "web.ratelimit.AgentAPILimitMiddleware",
