@@ -31,6 +31,7 @@ where it recreates the database llmgw_bench_heartbeat, and prometheus on PATH.
 from __future__ import annotations
 
 import argparse
+import gzip
 import http.client
 import json
 import os
@@ -41,7 +42,6 @@ import sys
 import tempfile
 import threading
 import time
-import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -140,7 +140,7 @@ class MetricsProbe:
             body = self.get()
             if body is not None and not self.gzip_bytes:
                 self.gzip_bytes = len(body)
-                text = zlib.decompress(body, 31)
+                text = gzip.decompress(body)  # several members when served from the render
                 self.text_bytes = len(text)
                 self.samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
 
