@@ -219,7 +219,8 @@ def summary(stats: PhaseStats, cpu: dict[str, float]) -> dict:
     def percentile(p: float) -> float:
         return 1000 * latencies[min(int(p * len(latencies)), len(latencies) - 1)] if latencies else float("nan")
 
-    answered = max(stats.answered, 1)
+    # With nothing answered there is no cost per answer to give.
+    answered = stats.answered or float("nan")
     return {
         "offered_per_second": stats.offered / stats.seconds,
         "answered_per_second": stats.answered / stats.seconds,
@@ -288,7 +289,14 @@ def main() -> int:
         # for the time it took to register the rest.
         fleet = PacedFleet("127.0.0.1", stack.web_port, tails, args.interval, workers=args.generators)
         run = Run(stack, fleet)
-        run.phase(Phase("first beats", HEARTBEAT, args.interval, args.interval * 1.5))
+        beaten: set[int] = set()
+        for _ in range(20):
+            stats, *_ = run.phase(Phase("first beats", HEARTBEAT, args.interval, args.interval))
+            beaten |= stats.nodes
+            if len(beaten) == len(nodes):
+                break
+        results["beaten_before_sweeper"] = len(beaten)
+        print(f"{len(beaten)} of {len(nodes)} nodes beat before the sweeper started", file=sys.stderr)
         stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
         prometheus = stack.prometheus_port
@@ -320,9 +328,13 @@ def main() -> int:
         run.phase(Phase("settle", HEARTBEAT, args.interval, 10))
         results["fleet"] = liveness_events(stack, since, time.time())
 
+        # Up from the fleet's rate while it is held; down from it, with longer
+        # intervals (still well inside LLMGW_UNREACHABLE_AFTER), while it is not.
+        steady_held = results["steady"]["answered_per_second"] >= 0.95 * results["steady"]["offered_per_second"]
+        factor = 1 / 1.25 if steady_held else 1.25
         interval = args.interval
-        while not args.no_capacity and len(results["steps"]) < 8:
-            interval /= 1.25
+        while not args.no_capacity and len(results["steps"]) < (8 if steady_held else 5):
+            interval *= factor
             step_phase = Phase(f"step {interval:.2f}s", HEARTBEAT, interval, args.step_seconds)
             stats, cpu, _, _ = run.phase(step_phase)
             step = summary(stats, cpu)
@@ -332,7 +344,8 @@ def main() -> int:
                 f"p99 {step['p99_ms']:.0f} ms",
                 file=sys.stderr,
             )
-            if step["answered_per_second"] < 0.95 * step["offered_per_second"] or step["unsent"]:
+            held = step["answered_per_second"] >= 0.95 * step["offered_per_second"] and not step["unsent"]
+            if held != steady_held:
                 break
     finally:
         if fleet is not None:
@@ -365,6 +378,7 @@ def report(results: dict, args: argparse.Namespace, body_bytes: float) -> None:
         ("false_unreachable_transitions", fleet["unreachable"], "events", 0, "lower"),
         ("liveness_changes_while_measuring", fleet["changes"], "events", 0, "lower"),
         ("nodes_alive_after_steady", fleet["alive"], "nodes", args.nodes, "higher"),
+        ("nodes_beaten_before_sweeper", results["beaten_before_sweeper"], "nodes", args.nodes, "higher"),
         *((f"heartbeat_{group}_cpu_per_request", steady["cpu_us"][group], "µs", None, "lower") for group in GROUPS),
         ("heartbeat_control_plane_cpu_per_request", control_plane, "µs", None, "lower"),
         ("empty_view_answered_per_second", empty["answered_per_second"], "1/s", None, "higher"),

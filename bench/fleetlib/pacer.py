@@ -62,6 +62,8 @@ class PhaseStats:
     latencies: array = field(default_factory=lambda: array("d"))
     cpu_seconds: float = 0.0
     in_flight: int = 0
+    # Which nodes (by their index in the fleet) had a beat answered with 2xx in this phase.
+    nodes: set = field(default_factory=set)
 
     def merge(self, other: PhaseStats) -> None:
         self.offered += other.offered
@@ -71,6 +73,7 @@ class PhaseStats:
         self.statuses.update(other.statuses)
         self.errors.update(other.errors)
         self.latencies.extend(other.latencies)
+        self.nodes |= other.nodes
         self.cpu_seconds += other.cpu_seconds
         self.seconds = max(self.seconds, other.seconds)
 
@@ -83,10 +86,10 @@ def _cpu() -> float:
 class _Exchange(asyncio.Protocol):
     """One request on its own connection; the answer ends when the server closes it."""
 
-    __slots__ = ("chunks", "due", "pacer", "request", "stats", "timed_out", "timer", "transport")
+    __slots__ = ("chunks", "due", "node", "pacer", "request", "stats", "timed_out", "timer", "transport")
 
-    def __init__(self, pacer: _Pacer, request: bytes, due: float, stats: PhaseStats):
-        self.pacer, self.request, self.due, self.stats = pacer, request, due, stats
+    def __init__(self, pacer: _Pacer, node: int, request: bytes, due: float, stats: PhaseStats):
+        self.pacer, self.node, self.request, self.due, self.stats = pacer, node, request, due, stats
         self.chunks: list[bytes] = []
         self.transport = None
         self.timer = None
@@ -108,12 +111,13 @@ class _Exchange(asyncio.Protocol):
         except (IndexError, ValueError):
             self.pacer.failed(self.stats, "timeout" if self.timed_out else "no answer")
             return
-        self.pacer.answered(self.stats, status, self.due)
+        self.pacer.answered(self.stats, self.node, status, self.due)
 
 
 class _Pacer:
-    def __init__(self, host: str, port: int, requests: list[bytes], interval: float, seed: int):
+    def __init__(self, host: str, port: int, requests: list[bytes], indices: list[int], interval: float, seed: int):
         self.host, self.port = host, port
+        self.indices = indices  # each request's node, by its index in the whole fleet
         self.tails = requests  # everything after "POST <path>"
         self.interval = interval
         self.loop = asyncio.get_running_loop()
@@ -150,12 +154,13 @@ class _Pacer:
 
     # -- the exchanges' callbacks ----------------------------------------------------------------
 
-    def answered(self, stats: PhaseStats, status: int, due: float) -> None:
+    def answered(self, stats: PhaseStats, node: int, status: int, due: float) -> None:
         self.in_flight -= 1
         stats.in_flight -= 1
         stats.statuses[status] += 1
         if 200 <= status < 300:
             stats.answered += 1
+            stats.nodes.add(self.indices[node])
             stats.latencies.append(time.monotonic() - due)
 
     def failed(self, stats: PhaseStats, why: str) -> None:
@@ -176,7 +181,7 @@ class _Pacer:
         self.in_flight += 1
         stats.in_flight += 1
         request = b"POST " + self.current_phase.path.encode() + self.tails[index]
-        self.loop.create_task(self._connect(_Exchange(self, request, due, stats)))
+        self.loop.create_task(self._connect(_Exchange(self, index, request, due, stats)))
 
     async def _connect(self, exchange: _Exchange) -> None:
         try:
@@ -215,13 +220,15 @@ def _abort(exchange: _Exchange) -> None:
         exchange.transport.abort()
 
 
-def _worker(conn: Connection, host: str, port: int, requests: list[bytes], interval: float, seed: int) -> None:
+def _worker(
+    conn: Connection, host: str, port: int, requests: list[bytes], indices: list[int], interval: float, seed: int
+) -> None:
     # Thousands of connections may be open at once while the server is slow.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
     async def main() -> None:
-        pacer = _Pacer(host, port, requests, interval, seed)
+        pacer = _Pacer(host, port, requests, indices, interval, seed)
         loop = asyncio.get_running_loop()
 
         def listen() -> None:
@@ -268,8 +275,10 @@ class PacedFleet:
         context = multiprocessing.get_context("fork")
         for w in range(workers):
             parent, child = context.Pipe()
-            share = requests[w::workers]
-            process = context.Process(target=_worker, args=(child, host, port, share, interval, w + 1), daemon=True)
+            share, indices = requests[w::workers], list(range(len(requests)))[w::workers]
+            process = context.Process(
+                target=_worker, args=(child, host, port, share, indices, interval, w + 1), daemon=True
+            )
             process.start()
             self.connections.append(parent)
             self.processes.append(process)
