@@ -34,6 +34,7 @@ import argparse
 import gzip
 import http.client
 import json
+import math
 import os
 import random
 import shutil
@@ -423,7 +424,14 @@ def report(results: dict, args: argparse.Namespace, body_bytes: float) -> None:
     RESULTS.write_text(
         json.dumps(
             [
-                {"name": name, "value": round(value, 3), "unit": unit, "target": target, "better": better}
+                # A figure that could not be measured (nothing answered) is null, never NaN, which JSON lacks.
+                {
+                    "name": name,
+                    "value": round(value, 3) if math.isfinite(value) else None,
+                    "unit": unit,
+                    "target": target,
+                    "better": better,
+                }
                 for name, value, unit, target, better in figures
             ],
             indent=2,
