@@ -146,12 +146,14 @@ class MetricsProbe:
                 self.samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
 
     def __enter__(self) -> MetricsProbe:
-        self.thread.start()
+        if self.every > 0:
+            self.thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self.stopping.set()
-        self.thread.join()
+        if self.thread.is_alive():
+            self.thread.join()
 
 
 def prometheus_scrapes(port: int, since: float, until: float) -> dict:
@@ -245,6 +247,9 @@ def main() -> int:
     parser.add_argument("--empty-seconds", type=int, default=15, help="the empty-view phase (keep it under 25)")
     parser.add_argument("--step-seconds", type=int, default=15, help="each capacity step")
     parser.add_argument("--no-capacity", action="store_true", help="skip stepping the rate up")
+    parser.add_argument(
+        "--probe-every", type=float, default=5.0, help="seconds between the benchmark's own /metrics GETs (0: none)"
+    )
     parser.add_argument("--generators", type=int, default=2, help="load generator processes")
     parser.add_argument(
         "--workers", type=int, default=default_workers(), help="gunicorn workers (make run starts 2 × cores + 1)"
@@ -312,7 +317,7 @@ def main() -> int:
         wait_until(scraped, 60, "Prometheus's first scrape of /metrics", interval=1)
         run.phase(Phase("warm-up", HEARTBEAT, args.interval, 10))
 
-        with MetricsProbe(stack.web_port) as probe:
+        with MetricsProbe(stack.web_port, args.probe_every) as probe:
             stats, cpu, since, until = run.phase(Phase("steady", HEARTBEAT, args.interval, args.seconds))
         results["steady"] = summary(stats, cpu)
         results["metrics"] = {
