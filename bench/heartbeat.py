@@ -273,6 +273,9 @@ def main() -> int:
             "LLMGW_REGISTER_PER_MINUTE": str(max(args.nodes * 2, 100)),
             # The capacity steps beat each node faster than an agent would.
             "LLMGW_HEARTBEAT_PER_MINUTE": "1200",
+            # The whole fleet posts from 127.0.0.1: thirty 401s in a minute would
+            # refuse every node for the rest of it, which no real fleet shares.
+            "LLMGW_AUTH_FAILURES_PER_MINUTE": "1000000",
         },
         web_port=free_port(),
         prometheus_port=free_port(),
