@@ -90,12 +90,18 @@ def register_fleet(base: str, nodes: int) -> list[tuple[str, bytes]]:
         message, digest = bodies.registration(index, rng)
         if not hasattr(_sessions, "session"):
             _sessions.session = requests.Session()
-        response = _sessions.session.post(
-            f"{base}/api/v1/register",
-            data=protocol.encode(message),
-            headers={"Authorization": f"Bearer {JOIN_TOKEN}", "Content-Type": "application/json"},
-            timeout=60,
-        )
+        # As an agent does, a refusal that says when to come back (503 while the
+        # database is unavailable, 429) is retried then, a few times.
+        for _ in range(5):
+            response = _sessions.session.post(
+                f"{base}/api/v1/register",
+                data=protocol.encode(message),
+                headers={"Authorization": f"Bearer {JOIN_TOKEN}", "Content-Type": "application/json"},
+                timeout=60,
+            )
+            if response.status_code not in (429, 503):
+                break
+            time.sleep(float(response.headers.get("Retry-After", 1)))
         response.raise_for_status()
         token = protocol.decode(response.content, protocol.Registered).token
         inventory = message.inventory
