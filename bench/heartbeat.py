@@ -1,36 +1,44 @@
-"""Heartbeats per second against the real server, beside an empty Django view on the same server.
+"""A paced fleet of real-sized heartbeats against the stack as `make run` starts it, beside an empty Django view.
 
-Starts the stack as `make run` does (gunicorn with 2 × cores + 1 workers, Celery worker and
-beat, its own redis-server) on PostgreSQL, registers a simulated fleet through
-the API, then drives `wrk` (C, two threads, a Lua script rotating through every
-node's token and a realistic body built from the protocol types) at
-POST /api/v1/heartbeat and at an empty view routed only for this benchmark
-(LLMGW_BENCH_EMPTY_VIEW). Both are measured in the same run, in alternating
-rounds, and the medians reported. wrk's own CPU time is reported too, to show it is
-not what limits the figures.
+Starts the stack as `make run` does (gunicorn with 2 × cores + 1 workers,
+Celery worker and beat, Prometheus scraping /metrics every 15 s, its own
+redis-server) on PostgreSQL, registers a fleet through the API with the soak's
+machine classes, then beats it open loop (bench/fleetlib/pacer.py): every node
+posts at its own interval with a random phase, carrying its load and the loads
+and statuses of 2–4 engines, built with agent.protocol types. Slots the
+generator could not send on time are counted, never skipped.
 
-    python -m bench.heartbeat [--nodes 10000] [--seconds 60] [--rounds 6] [--connections 32]
+The run, in order, without a pause in the fleet's beating:
 
-The fleet size does not change what one heartbeat costs (a node's card is one
-Redis key), but it must be small enough that wrk's rotation reaches every node
-within LLMGW_UNREACHABLE_AFTER (30 s) at the rate the machine manages: otherwise
-nodes go unreachable and the run measures revivals, which write the database.
-The run reports how many liveness changes happened while it measured; it
-should be none.
+1. steady: the fleet at its interval (10,000 nodes at 5 s is 2,000/s): offered
+   and answered rate, p50/p99 from each beat's due time, errors, CPU by process
+   (gunicorn, Redis, Celery, PostgreSQL backends, Prometheus, the generator)
+   from /proc/<pid>/stat, /metrics timed from here and by Prometheus
+   (`scrape_duration_seconds`), and liveness events (false unreachable);
+2. empty: the same fleet at the same rate posting to an empty Django view
+   (routed only for this benchmark, LLMGW_BENCH_EMPTY_VIEW), short enough that
+   no node is silent for LLMGW_UNREACHABLE_AFTER: what any Django request costs;
+3. capacity: the interval shortened step by step (×1/1.25) until the answered
+   rate stops following the offered one.
+
+    python -m bench.heartbeat [--nodes 10000] [--seconds 60] [--no-capacity]
+    python -m bench.heartbeat --nodes 1000 --seconds 20        # a quick run
 
 Needs PostgreSQL at BENCH_POSTGRES (default postgres://postgres@127.0.0.1:5432),
-where it recreates the database llmgw_bench_heartbeat, and wrk (apt-get install wrk).
+where it recreates the database llmgw_bench_heartbeat, and prometheus on PATH.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import http.client
 import json
+import math
 import os
-import resource
+import random
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -38,10 +46,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import psutil
 import requests
 
 from agent import protocol
+from bench.fleetlib import bodies
+from bench.fleetlib.cpu import Meter, postgres_backends, tree
+from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, PhaseStats, request_tail
+from devstack.polling import wait_until
 from devstack.ports import free_port
 from devstack.stack import Stack, default_workers
 
@@ -50,6 +61,13 @@ ROOT = Path(__file__).resolve().parent.parent
 DATABASE = "llmgw_bench_heartbeat"
 JOIN_TOKEN = "bench-join-token"
 RESULTS = ROOT / "bench" / "results" / "heartbeat.json"
+EMPTY = "/api/v1/bench-empty"
+# What Prometheus 2.x sends when it scrapes.
+PROMETHEUS_ACCEPT = (
+    "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
+    "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+)
+GROUPS = ("web", "redis", "celery", "postgres", "prometheus")
 
 
 def recreate_database(server: str) -> str:
@@ -61,192 +79,193 @@ def recreate_database(server: str) -> str:
     return f"{server}/{DATABASE}"
 
 
-def inventory(index: int) -> protocol.Inventory:
-    """A GPU node as an agent reports it: 8 GPUs, two filesystems, a few weights, one fabric."""
-    name = f"node-{index:05d}"
-    return protocol.Inventory(
-        hostname=f"{name}.fleet.example",
-        mgmt_addr=f"10.{index // 65536}.{index // 256 % 256}.{index % 256}",
-        labels={"rack": f"r{index // 40}", "zone": "a"},
-        memory_total_bytes=2 * 2**40,
-        host=protocol.Host(os="Debian GNU/Linux", os_version="12", kernel="6.1.0", arch="x86_64", cpus=192),
-        agent_version="0.1.0",
-        engine_versions={"vllm": "0.9.1", "llama.cpp": "b5000"},
-        engines_probed=True,
-        gpus=[
-            protocol.GPU(index=i, uuid=f"GPU-{index:05d}-{i}", name="NVIDIA H100 80GB HBM3", memory_bytes=80 * 2**30)
-            for i in range(8)
-        ],
-        filesystems=[
-            protocol.Filesystem(mount="/", fstype="ext4", total_bytes=2 * 10**12, free_bytes=10**12),
-            protocol.Filesystem(mount="/models", fstype="nfs", total_bytes=10**14, free_bytes=10**13, shared=True),
-        ],
-        weights=[
-            protocol.Weights(path=f"/models/model-{m}", size_bytes=10**11, format="safetensors") for m in range(4)
-        ],
-        weights_scanned=True,
-        fabrics=[protocol.Fabric(name="ib-a", hcas=[f"mlx5_{h}" for h in range(4)], rate_gbps=400)],
-    )
+_sessions = threading.local()
 
 
-def heartbeat_body(index: int, inventory_hash: str) -> bytes:
-    """An unchanged-inventory heartbeat with a load and two running shards."""
-    shards = [f"node-{index:05d}-s{s}" for s in range(2)]
-    beat = protocol.Heartbeat(
-        inventory_hash=inventory_hash,
-        load=protocol.Load(
-            cpu_percent=37.5,
-            cpus=192,
-            load1=40.1,
-            load5=38.7,
-            load15=35.2,
-            memory_used_bytes=900 * 2**30,
-            memory_available_bytes=1100 * 2**30,
-            interval_seconds=5.0,
-            shards=[protocol.ShardLoad(shard=s, cpu_cores=12.5, rss_bytes=200 * 2**30) for s in shards],
-        ),
-        shards=[
-            protocol.ShardStatus(shard=s, state="running", pid=1000 + i, metrics_port=9000 + i)
-            for i, s in enumerate(shards)
-        ],
-        sent_at=time.time(),
-    )
-    return protocol.encode(beat)
+def register_fleet(base: str, nodes: int) -> list[tuple[str, bytes]]:
+    """Register every node through the API, as agents would; each node's token and heartbeat body."""
 
-
-def register_fleet(base: str, nodes: int) -> list[str]:
-    """Register every node through the API, as agents would; returns the node tokens."""
-
-    def register(index: int) -> str:
-        session = session_of_this_thread()
-        message = protocol.Register(node_id=f"node-{index:05d}", inventory=inventory(index), inventory_hash=f"h{index}")
-        response = session.post(
-            f"{base}/api/v1/register",
-            data=protocol.encode(message),
-            headers={"Authorization": f"Bearer {JOIN_TOKEN}", "Content-Type": "application/json"},
-            timeout=30,
-        )
+    def register(index: int) -> tuple[str, bytes]:
+        rng = random.Random(index)
+        message, digest = bodies.registration(index, rng)
+        if not hasattr(_sessions, "session"):
+            _sessions.session = requests.Session()
+        # As an agent does, a refusal that says when to come back (503 while the
+        # database is unavailable, 429) is retried then, a few times.
+        for _ in range(5):
+            response = _sessions.session.post(
+                f"{base}/api/v1/register",
+                data=protocol.encode(message),
+                headers={"Authorization": f"Bearer {JOIN_TOKEN}", "Content-Type": "application/json"},
+                timeout=60,
+            )
+            if response.status_code not in (429, 503):
+                break
+            time.sleep(float(response.headers.get("Retry-After", 1)))
         response.raise_for_status()
-        return protocol.decode(response.content, protocol.Registered).token
+        token = protocol.decode(response.content, protocol.Registered).token
+        inventory = message.inventory
+        return token, bodies.heartbeat(index, digest, inventory.host.cpus, inventory.memory_total_bytes, rng)
 
     with ThreadPoolExecutor(8) as pool:
         return list(pool.map(register, range(nodes)))
 
 
-_sessions = threading.local()
+class MetricsProbe:
+    """GET /metrics as Prometheus does (its Accept header, gzip) every few seconds, timed to the last byte."""
+
+    def __init__(self, port: int, every: float = 5.0):
+        self.port, self.every = port, every
+        self.seconds: list[float] = []
+        self.gzip_bytes = 0
+        self.text_bytes = 0
+        self.samples = 0
+        self.failures = 0
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def get(self) -> bytes | None:
+        started = time.perf_counter()
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        try:
+            connection.request("GET", "/metrics", headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+            response = connection.getresponse()
+            body = response.read()
+        except OSError:
+            self.failures += 1
+            return None
+        finally:
+            connection.close()
+        if response.status != 200 or response.getheader("Content-Encoding") != "gzip":
+            self.failures += 1
+            return None
+        self.seconds.append(time.perf_counter() - started)
+        return body
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every):
+            body = self.get()
+            if body is not None and not self.gzip_bytes:
+                self.gzip_bytes = len(body)
+                text = gzip.decompress(body)  # several members when served from the render
+                self.text_bytes = len(text)
+                self.samples = sum(1 for line in text.splitlines() if line and not line.startswith(b"#"))
+
+    def __enter__(self) -> MetricsProbe:
+        if self.every > 0:
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join()
 
 
-def session_of_this_thread() -> requests.Session:
-    if not hasattr(_sessions, "session"):
-        _sessions.session = requests.Session()
-    return _sessions.session
-
-
-def beat_every_node_once(base: str, tokens: list[str]) -> None:
-    """Bring every node alive (the first registered may have gone unreachable) and cache its card."""
-
-    def beat(index: int) -> None:
-        response = session_of_this_thread().post(
-            f"{base}/api/v1/heartbeat",
-            data=heartbeat_body(index, f"h{index}"),
-            headers={"Authorization": f"Bearer {tokens[index]}", "Content-Type": "application/json"},
-            timeout=30,
+def prometheus_scrapes(port: int, since: float, until: float) -> dict:
+    """What Prometheus measured of its scrapes of /metrics between two times."""
+    window = max(int(until - since), 15)
+    figures = {}
+    for name, query in (
+        ("max", f'max_over_time(scrape_duration_seconds{{job="llmgw"}}[{window}s])'),
+        ("avg", f'avg_over_time(scrape_duration_seconds{{job="llmgw"}}[{window}s])'),
+        ("count", f'count_over_time(scrape_duration_seconds{{job="llmgw"}}[{window}s])'),
+        ("up", f'min_over_time(up{{job="llmgw"}}[{window}s])'),
+        ("samples", 'scrape_samples_scraped{job="llmgw"}'),
+    ):
+        response = requests.get(
+            f"http://127.0.0.1:{port}/api/v1/query", params={"query": query, "time": until}, timeout=10
         )
-        response.raise_for_status()
-
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(beat, range(len(tokens))))
-
-
-def cpu_seconds(stack: Stack, names: tuple[str, ...]) -> float:
-    """CPU time used so far by these parts of the stack, their children included."""
-    total = 0.0
-    for name in names:
-        part = stack.parts.get(name)
-        if part is None:
-            continue
-        root = psutil.Process(part.process.pid)
-        for process in [root, *root.children(recursive=True)]:
-            try:
-                times = process.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += times.user + times.system
-    return total
+        result = response.json()["data"]["result"]
+        figures[name] = float(result[0]["value"][1]) if result else float("nan")
+    return figures
 
 
-WRK_THREADS = 2
-# Per path, how far wrk's threads have gone through their nodes, so that each
-# run carries on where the last stopped rather than beating the same nodes again.
-_positions: dict[str, int] = {}
-
-
-def run_wrk(stack: Stack, path: str, data_file: Path, seconds: int, connections: int) -> dict:
-    url = f"http://127.0.0.1:{stack.web_port}"
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_before = cpu_seconds(stack, ("web", "redis", "celery"))
-    redis_before = cpu_seconds(stack, ("redis",))
-    completed = subprocess.run(
-        [
-            "wrk",
-            "--threads",
-            str(WRK_THREADS),
-            "--connections",
-            str(connections),
-            "--duration",
-            f"{seconds}s",
-            "--timeout",
-            "5s",
-            "--script",
-            str(ROOT / "bench" / "heartbeat.lua"),
-            url + path,
-            "--",
-            str(data_file),
-            path,
-            str(_positions.get(path, 0)),
-            str(WRK_THREADS),
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
+def liveness_events(stack: Stack, since: float, until: float) -> dict:
+    """Liveness changes between two times, nodes alive now."""
+    script = (
+        "import datetime, json; from inventory.models import Node, NodeEvent; "
+        f"since = datetime.datetime.fromtimestamp({since}, datetime.UTC); "
+        f"until = datetime.datetime.fromtimestamp({until}, datetime.UTC); "
+        "events = NodeEvent.objects.filter(kind='liveness', at__gte=since, at__lt=until); "
+        "print(json.dumps({'alive': Node.objects.filter(liveness='alive').count(), "
+        "'changes': events.count(), 'unreachable': events.filter(to_state='unreachable').count()}))"
     )
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    server_cpu = cpu_seconds(stack, ("web", "redis", "celery")) - server_before
-    redis_cpu = cpu_seconds(stack, ("redis",)) - redis_before
-    figures = json.loads(completed.stdout.strip().splitlines()[-1])
-    _positions[path] = _positions.get(path, 0) + figures["requests"] // WRK_THREADS
-    seconds_run = figures["duration_us"] / 1e6
+    result = stack.manage("shell", "-c", script, capture=True)
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+class Run:
+    """The stack, the fleet and the meter, and one measured phase at a time."""
+
+    def __init__(self, stack: Stack, fleet: PacedFleet):
+        self.stack, self.fleet = stack, fleet
+        part = stack.parts.get
+        self.meter = Meter(
+            {
+                "web": lambda: tree(part("web").process.pid),
+                "redis": lambda: [part("redis").process.pid] if part("redis") else [],
+                "celery": lambda: tree(part("celery").process.pid) if part("celery") else [],
+                "postgres": lambda: postgres_backends(DATABASE),
+                "prometheus": lambda: [part("prometheus").process.pid] if part("prometheus") else [],
+                "generator": lambda: tree(*fleet.pids),
+            }
+        )
+
+    def phase(self, phase: Phase) -> tuple[PhaseStats, dict[str, float], float, float]:
+        before = self.meter.read()
+        since = time.time()
+        self.fleet.start(phase)
+        time.sleep(phase.seconds)
+        until = time.time()
+        cpu = self.meter.since(before)
+        return self.fleet.collect(phase.name), cpu, since, until
+
+
+def summary(stats: PhaseStats, cpu: dict[str, float]) -> dict:
+    latencies = sorted(stats.latencies)
+
+    def percentile(p: float) -> float:
+        return 1000 * latencies[min(int(p * len(latencies)), len(latencies) - 1)] if latencies else float("nan")
+
+    # With nothing answered there is no cost per answer to give.
+    answered = stats.answered or float("nan")
     return {
-        "per_second": figures["requests"] / seconds_run,
-        "p50_ms": figures["p50_us"] / 1000,
-        "p99_ms": figures["p99_us"] / 1000,
-        "errors": sum(figures[k] for k in ("connect", "read", "write", "status", "timeout")),
-        "requests": figures["requests"],
-        "wrk_cores": (after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime) / seconds_run,
-        # CPU of gunicorn, Redis and Celery per answered request: unlike the
-        # rate, this hardly depends on what else the shared machine is doing.
-        "server_cpu_us": 1e6 * server_cpu / max(figures["requests"], 1),
-        "redis_cpu_us": 1e6 * redis_cpu / max(figures["requests"], 1),
+        "offered_per_second": stats.offered / stats.seconds,
+        "answered_per_second": stats.answered / stats.seconds,
+        "answered_share": 100 * stats.answered / max(stats.offered, 1),
+        "p50_ms": percentile(0.50),
+        "p99_ms": percentile(0.99),
+        "errors": sum(stats.errors.values()) + sum(n for s, n in stats.statuses.items() if not 200 <= s < 300),
+        "unsent": stats.unsent,
+        "late": stats.late,
+        "cpu_us": {name: 1e6 * seconds / answered for name, seconds in cpu.items()},
+        "generator_cores": stats.cpu_seconds / stats.seconds,
+        "detail": {"statuses": dict(stats.statuses), "errors": dict(stats.errors)},
     }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=10_000)
-    parser.add_argument("--seconds", type=int, default=60, help="per target, split over the rounds")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--seconds", type=int, default=60, help="steady phase (default 60)")
+    parser.add_argument("--interval", type=float, default=5.0, help="each node's heartbeat interval (default 5)")
+    parser.add_argument("--empty-seconds", type=int, default=15, help="the empty-view phase (keep it under 25)")
+    parser.add_argument("--step-seconds", type=int, default=15, help="each capacity step")
+    parser.add_argument("--no-capacity", action="store_true", help="skip stepping the rate up")
     parser.add_argument(
-        "--unreachable-after", type=float, default=900.0, help="seconds of silence before unreachable (default 900)"
+        "--probe-every", type=float, default=5.0, help="seconds between the benchmark's own /metrics GETs (0: none)"
     )
+    parser.add_argument("--generators", type=int, default=2, help="load generator processes")
     parser.add_argument(
         "--workers", type=int, default=default_workers(), help="gunicorn workers (make run starts 2 × cores + 1)"
     )
     args = parser.parse_args()
-    if shutil.which("wrk") is None:
-        print("wrk is not installed: apt-get install wrk", file=sys.stderr)
+    if shutil.which("prometheus") is None:
+        print("prometheus is not installed: apt-get install prometheus", file=sys.stderr)
         return 1
 
+    load_before = os.getloadavg()
     database_url = recreate_database(os.environ.get("BENCH_POSTGRES", "postgres://postgres@127.0.0.1:5432"))
     var = Path(tempfile.mkdtemp(prefix="llmgw-bench-heartbeat-"))
     stack = Stack(
@@ -256,117 +275,177 @@ def main() -> int:
             "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
             "LLMGW_JOIN_TOKEN": JOIN_TOKEN,
             "LLMGW_BENCH_EMPTY_VIEW": "true",
-            # The whole simulated fleet registers from this one address; the
-            # per-token heartbeat limit stays as in production.
+            # The whole simulated fleet registers from this one address.
             "LLMGW_REGISTER_PER_MINUTE": str(max(args.nodes * 2, 100)),
-            # Registering 10,000 nodes takes longer than 30 s, so with the default
-            # threshold the first nodes are unreachable before measuring starts and
-            # every round pays for revivals. This measures the steady state of a
-            # live fleet; --unreachable-after 30 shows the registration burst too.
-            "LLMGW_UNREACHABLE_AFTER": str(args.unreachable_after),
-            "LLMGW_LOST_AFTER": str(args.unreachable_after * 10),
+            # The capacity steps beat each node faster than an agent would.
+            "LLMGW_HEARTBEAT_PER_MINUTE": "1200",
+            # The whole fleet posts from 127.0.0.1: thirty 401s in a minute would
+            # refuse every node for the rest of it, which no real fleet shares.
+            "LLMGW_AUTH_FAILURES_PER_MINUTE": "1000000",
         },
         web_port=free_port(),
+        prometheus_port=free_port(),
         workers=args.workers,
     )
-    per_round = max(args.seconds // args.rounds, 1)
-    rounds = {"heartbeat": [], "empty": []}
+    fleet = None
+    results: dict = {"steps": []}
     try:
         stack.start(stack.redis_part())
         stack.prepare()
         stack.start_web()
         base = f"http://127.0.0.1:{stack.web_port}"
-
-        # Celery (the sweeper) starts once every node has beaten: a fleet that
-        # takes minutes to register would otherwise be marked unreachable before
-        # its first heartbeat, and the run would measure revivals.
         started = time.monotonic()
-        tokens = register_fleet(base, args.nodes)
-        print(f"registered {len(tokens)} nodes in {time.monotonic() - started:.1f} s", file=sys.stderr)
-        data_file = write_fleet_file(var / "fleet.tsv", tokens)
-        beat_every_node_once(base, tokens)
+        nodes = register_fleet(base, args.nodes)
+        print(f"registered {len(nodes)} nodes in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        tails = [request_tail("127.0.0.1", stack.web_port, token, body) for token, body in nodes]
+        body_bytes = statistics.mean(len(body) for _, body in nodes)
+        # The fleet beats from here on. The sweeper (Celery) starts once every
+        # node has beaten, or the first registered would be marked unreachable
+        # for the time it took to register the rest.
+        fleet = PacedFleet("127.0.0.1", stack.web_port, tails, args.interval, workers=args.generators)
+        run = Run(stack, fleet)
+        beaten: set[int] = set()
+        for _ in range(20):
+            stats, *_ = run.phase(Phase("first beats", HEARTBEAT, args.interval, args.interval))
+            beaten |= stats.nodes
+            if len(beaten) == len(nodes):
+                break
+        results["beaten_before_sweeper"] = len(beaten)
+        print(f"{len(beaten)} of {len(nodes)} nodes beat before the sweeper started", file=sys.stderr)
         stack.start(stack.celery_part())
-        run_wrk(stack, "/api/v1/heartbeat", data_file, 10, args.connections)  # warm-up
-        # Alternate short rounds, so that both targets see the same moods of a
-        # shared machine; an empty round is short enough that no node falls
-        # silent past the unreachable threshold meanwhile.
-        measuring_since = time.time()
-        for _ in range(args.rounds):
-            rounds["empty"].append(run_wrk(stack, "/api/v1/bench-empty", data_file, per_round, args.connections))
-            rounds["heartbeat"].append(run_wrk(stack, "/api/v1/heartbeat", data_file, per_round, args.connections))
-        fleet = fleet_after(stack, measuring_since)
+        stack.start(stack.prometheus_part())
+        prometheus = stack.prometheus_port
+
+        def scraped() -> bool:
+            answer = requests.get(
+                f"http://127.0.0.1:{prometheus}/api/v1/query", params={"query": 'up{job="llmgw"}'}, timeout=5
+            )
+            # While it starts, Prometheus answers 503 with plain text.
+            return answer.status_code == 200 and bool(answer.json()["data"]["result"])
+
+        wait_until(scraped, 60, "Prometheus's first scrape of /metrics", interval=1)
+        run.phase(Phase("warm-up", HEARTBEAT, args.interval, 10))
+
+        with MetricsProbe(stack.web_port, args.probe_every) as probe:
+            stats, cpu, since, until = run.phase(Phase("steady", HEARTBEAT, args.interval, args.seconds))
+        results["steady"] = summary(stats, cpu)
+        results["metrics"] = {
+            "probe_seconds": probe.seconds,
+            "gzip_bytes": probe.gzip_bytes,
+            "text_bytes": probe.text_bytes,
+            "samples": probe.samples,
+            "failures": probe.failures,
+            "prometheus": prometheus_scrapes(prometheus, since, until),
+        }
+        stats, cpu, _, _ = run.phase(Phase("empty", EMPTY, args.interval, args.empty_seconds))
+        results["empty"] = summary(stats, cpu)
+        # The sweep that would notice a node silent during steady or empty runs within a beat period.
+        run.phase(Phase("settle", HEARTBEAT, args.interval, 10))
+        results["fleet"] = liveness_events(stack, since, time.time())
+
+        # Up from the fleet's rate while it is held; down from it, with longer
+        # intervals (still well inside LLMGW_UNREACHABLE_AFTER), while it is not.
+        steady_held = results["steady"]["answered_per_second"] >= 0.95 * results["steady"]["offered_per_second"]
+        factor = 1 / 1.25 if steady_held else 1.25
+        interval = args.interval
+        while not args.no_capacity and len(results["steps"]) < (8 if steady_held else 5):
+            interval *= factor
+            step_phase = Phase(f"step {interval:.2f}s", HEARTBEAT, interval, args.step_seconds)
+            stats, cpu, _, _ = run.phase(step_phase)
+            step = summary(stats, cpu)
+            results["steps"].append(step)
+            print(
+                f"step: offered {step['offered_per_second']:.0f}/s, answered {step['answered_per_second']:.0f}/s, "
+                f"p99 {step['p99_ms']:.0f} ms",
+                file=sys.stderr,
+            )
+            held = step["answered_per_second"] >= 0.95 * step["offered_per_second"] and not step["unsent"]
+            if held != steady_held:
+                break
     finally:
+        if fleet is not None:
+            fleet.close()
         stack.stop_all()
         shutil.rmtree(var, ignore_errors=True)
 
-    report(rounds, args, fleet)
+    results["load_average"] = (load_before[0], os.getloadavg()[0])
+    report(results, args, body_bytes)
     return 0
 
 
-def write_fleet_file(path: Path, tokens: list[str]) -> Path:
-    """One "token<TAB>body" line per node, for the wrk script."""
-    with path.open("wb") as out:
-        for index, token in enumerate(tokens):
-            out.write(token.encode() + b"\t" + heartbeat_body(index, f"h{index}") + b"\n")
-    return path
-
-
-def fleet_after(stack: Stack, since: float) -> dict:
-    """Nodes alive after the run, and liveness changes while it measured (there should be none)."""
-    script = (
-        "import datetime, json; from inventory.models import Node, NodeEvent; "
-        f"since = datetime.datetime.fromtimestamp({since}, datetime.UTC); "
-        "print(json.dumps({'alive': Node.objects.filter(liveness='alive').count(), "
-        "'changes': NodeEvent.objects.filter(kind='liveness', at__gte=since).count()}))"
-    )
-    result = stack.manage("shell", "-c", script, capture=True)
-    return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def median(rounds: list[dict], key: str) -> float:
-    return statistics.median(r[key] for r in rounds)
-
-
-def report(rounds: dict, args, fleet: dict) -> None:
-    heartbeat, empty = rounds["heartbeat"], rounds["empty"]
-    share = 100 * median(heartbeat, "per_second") / median(empty, "per_second")
+def report(results: dict, args: argparse.Namespace, body_bytes: float) -> None:
+    steady, empty, metrics, fleet = results["steady"], results["empty"], results["metrics"], results["fleet"]
+    probe = metrics["probe_seconds"]
+    web_ratio = steady["cpu_us"]["web"] / empty["cpu_us"]["web"]
+    capacity = max([steady["answered_per_second"], *(s["answered_per_second"] for s in results["steps"])])
+    control_plane = sum(steady["cpu_us"][g] for g in GROUPS)
     figures = [
-        ("heartbeats_per_second", median(heartbeat, "per_second"), "1/s", 2000, "higher"),
-        ("heartbeat_p50_latency", median(heartbeat, "p50_ms"), "ms", None, "lower"),
-        ("heartbeat_p99_latency", median(heartbeat, "p99_ms"), "ms", 50, "lower"),
-        ("heartbeat_errors", sum(r["errors"] for r in heartbeat), "requests", 0, "lower"),
-        ("empty_view_per_second", median(empty, "per_second"), "1/s", None, "higher"),
-        ("empty_view_p50_latency", median(empty, "p50_ms"), "ms", None, "lower"),
-        ("empty_view_p99_latency", median(empty, "p99_ms"), "ms", None, "lower"),
-        ("empty_view_errors", sum(r["errors"] for r in empty), "requests", None, "lower"),
-        ("heartbeat_share_of_empty_view", share, "%", 60, "higher"),
-        ("heartbeat_server_cpu_per_request", median(heartbeat, "server_cpu_us"), "µs", None, "lower"),
-        ("heartbeat_redis_server_cpu_per_request", median(heartbeat, "redis_cpu_us"), "µs", None, "lower"),
-        ("empty_view_server_cpu_per_request", median(empty, "server_cpu_us"), "µs", None, "lower"),
-        ("load_generator_cpu", median(heartbeat, "wrk_cores"), "cores", None, "lower"),
-        ("nodes_alive_after_run", fleet["alive"], "nodes", args.nodes, "higher"),
+        ("nodes", args.nodes, "nodes", None, "higher"),
+        ("heartbeat_body_bytes", body_bytes, "bytes", None, "lower"),
+        ("heartbeats_offered_per_second", steady["offered_per_second"], "1/s", None, "higher"),
+        ("heartbeats_answered_per_second", steady["answered_per_second"], "1/s", None, "higher"),
+        ("heartbeats_answered_share", steady["answered_share"], "%", 99.9, "higher"),
+        ("heartbeat_p50_latency", steady["p50_ms"], "ms", None, "lower"),
+        ("heartbeat_p99_latency", steady["p99_ms"], "ms", 100, "lower"),
+        ("heartbeat_errors", steady["errors"], "requests", 0, "lower"),
+        ("heartbeat_slots_unsent", steady["unsent"], "slots", 0, "lower"),
+        ("heartbeat_slots_sent_late", steady["late"], "slots", 0, "lower"),
+        ("false_unreachable_transitions", fleet["unreachable"], "events", 0, "lower"),
         ("liveness_changes_while_measuring", fleet["changes"], "events", 0, "lower"),
+        ("nodes_alive_after_steady", fleet["alive"], "nodes", args.nodes, "higher"),
+        ("nodes_beaten_before_sweeper", results["beaten_before_sweeper"], "nodes", args.nodes, "higher"),
+        *((f"heartbeat_{group}_cpu_per_request", steady["cpu_us"][group], "µs", None, "lower") for group in GROUPS),
+        ("heartbeat_control_plane_cpu_per_request", control_plane, "µs", None, "lower"),
+        ("empty_view_answered_per_second", empty["answered_per_second"], "1/s", None, "higher"),
+        ("empty_view_p50_latency", empty["p50_ms"], "ms", None, "lower"),
+        ("empty_view_p99_latency", empty["p99_ms"], "ms", None, "lower"),
+        ("empty_view_web_cpu_per_request", empty["cpu_us"]["web"], "µs", None, "lower"),
+        ("heartbeat_web_cpu_over_empty_view", web_ratio, "×", 1.5, "lower"),
+        ("capacity_heartbeats_per_second", capacity, "1/s", 2000, "higher"),
+        ("metrics_get_median_seconds", statistics.median(probe) if probe else float("nan"), "s", 1, "lower"),
+        ("metrics_get_max_seconds", max(probe) if probe else float("nan"), "s", 1, "lower"),
+        ("metrics_scrape_max_seconds_prometheus", metrics["prometheus"]["max"], "s", 1, "lower"),
+        ("metrics_scrape_avg_seconds_prometheus", metrics["prometheus"]["avg"], "s", None, "lower"),
+        ("metrics_samples", metrics["samples"], "samples", None, "lower"),
+        ("metrics_gzip_bytes", metrics["gzip_bytes"], "bytes", None, "lower"),
+        ("metrics_text_bytes", metrics["text_bytes"], "bytes", None, "lower"),
+        ("load_generator_cpu", steady["generator_cores"], "cores", None, "lower"),
+        ("load_average_before", results["load_average"][0], "", None, "lower"),
+        ("load_average_after", results["load_average"][1], "", None, "lower"),
     ]
     print(
-        f"\n{args.nodes} nodes, {args.workers} gunicorn workers, {args.connections} connections, "
-        f"{args.rounds} rounds of {max(args.seconds // args.rounds, 1)} s per target (medians); "
-        "2-core machine shared with other work\n"
+        f"\n{args.nodes} nodes every {args.interval:g} s, {args.workers} gunicorn workers, "
+        f"{args.generators} generator processes, steady {args.seconds} s, empty view {args.empty_seconds} s; "
+        f"load average {results['load_average'][0]:.1f} before, {results['load_average'][1]:.1f} after\n"
     )
     print("| figure | value | unit | target |")
     print("| --- | ---: | --- | ---: |")
     for name, value, unit, target, better in figures:
         goal = "" if target is None else f"{'≥' if better == 'higher' else '≤'} {target}"
-        print(f"| {name} | {value:,.{1 if abs(value) >= 10 else 2}f} | {unit} | {goal} |")
-    if fleet["changes"]:
+        print(f"| {name} | {value:,.{1 if abs(value) >= 10 else 3}f} | {unit} | {goal} |")
+    print("\nCapacity steps:\n")
+    print("| offered /s | answered /s | p50 ms | p99 ms | unsent | errors | web µs | generator cores |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for s in [steady, *results["steps"]]:
         print(
-            f"\nWarning: {fleet['changes']} liveness changes while measuring: the rate was too low to reach every "
-            "node within LLMGW_UNREACHABLE_AFTER, so the heartbeat figures include revivals (database writes)."
+            f"| {s['offered_per_second']:.0f} | {s['answered_per_second']:.0f} | {s['p50_ms']:.1f} | "
+            f"{s['p99_ms']:.1f} | {s['unsent']} | {s['errors']} | {s['cpu_us']['web']:.0f} | "
+            f"{s['generator_cores']:.2f} |"
         )
+    print(f"\nsteady: {json.dumps(steady['detail'])}; empty: {json.dumps(empty['detail'])}")
+    print(f"prometheus: {json.dumps(metrics['prometheus'])}; probe: {[round(s, 3) for s in probe]}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps(
             [
-                {"name": name, "value": round(value, 3), "unit": unit, "target": target, "better": better}
+                # A figure that could not be measured (nothing answered) is null, never NaN, which JSON lacks.
+                {
+                    "name": name,
+                    "value": round(value, 3) if math.isfinite(value) else None,
+                    "unit": unit,
+                    "target": target,
+                    "better": better,
+                }
                 for name, value, unit, target, better in figures
             ],
             indent=2,

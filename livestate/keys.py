@@ -42,6 +42,8 @@ SELF_METRICS = "llmgw:selfmetrics"
 RECONCILE_LOCK = "llmgw:reconcile"
 # The cluster page's fleet totals, shared by every web worker for a few seconds (web/views/summary.py).
 FLEET_TOTALS = "llmgw:pages:fleet-totals"
+# The fleet's part of /metrics, rendered ahead by Celery beat (web/metrics/prerender.py).
+METRICS_FLEET = "llmgw:metrics:fleet"
 
 
 def _node_key(prefix: str) -> Callable[[str], str]:

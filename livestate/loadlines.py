@@ -20,10 +20,11 @@ read. Node and shard ids cannot hold the separators (protocol.NodeId).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import NamedTuple
 
 from agent.protocol import Load
-from livestate.samples import labelset, line, value
+from livestate.samples import labelset, value
 
 
 class Family(NamedTuple):
@@ -64,21 +65,37 @@ FIELD_SEPARATOR = b"\x1f"
 
 
 def render(node_id: str, load: Load, received_at: float) -> bytes:
-    node = labelset(node=node_id)
-    averages = (load.load1, load.load5, load.load15)
-    parts = [
-        line(CPU_UTILIZATION.name, node, load.cpu_percent),
-        line(CPUS.name, node, load.cpus),
-        "".join(
-            line(LOAD.name, labelset(node=node_id, window=window), average)
-            for window, average in zip(WINDOWS, averages, strict=True)
-        ),
-        line(MEMORY_USED.name, node, load.memory_used_bytes),
-        line(MEMORY_AVAILABLE.name, node, load.memory_available_bytes),
+    cpu, cpus, load1, load5, load15, used, available = _prefixes(node_id)
+    parts = (
+        f"{cpu}{value(load.cpu_percent)}\n",
+        f"{cpus}{value(load.cpus)}\n",
+        f"{load1}{value(load.load1)}\n{load5}{value(load.load5)}\n{load15}{value(load.load15)}\n",
+        f"{used}{value(load.memory_used_bytes)}\n",
+        f"{available}{value(load.memory_available_bytes)}\n",
         *_gpu_chunks(node_id, load),
         "".join(f"{s.shard}\x1f{value(s.cpu_cores)}\x1f{value(s.rss_bytes)}\n" for s in load.shards),
-    ]
-    return f"{received_at!r}\n".encode() + FAMILY_SEPARATOR.join(part.encode() for part in parts)
+    )
+    return f"{received_at!r}\n{_FAMILY_SEPARATOR.join(parts)}".encode()
+
+
+_FAMILY_SEPARATOR = FAMILY_SEPARATOR.decode()
+
+
+# Every heartbeat renders the same names and label sets for its node; building
+# and escaping them was a third of the rendering (docs/operations.md). Each web
+# process keeps them for every node it has seen: a few hundred bytes a node.
+@lru_cache(maxsize=65536)
+def _prefixes(node_id: str) -> tuple[str, ...]:
+    """Each sample's `name{labels} ` for this node, in the order `render` writes them."""
+    node = labelset(node=node_id)
+    windows = [labelset(node=node_id, window=window) for window in WINDOWS]
+    return (
+        f"{CPU_UTILIZATION.name}{node} ",
+        f"{CPUS.name}{node} ",
+        *(f"{LOAD.name}{labels} " for labels in windows),
+        f"{MEMORY_USED.name}{node} ",
+        f"{MEMORY_AVAILABLE.name}{node} ",
+    )
 
 
 def _gpu_chunks(node_id: str, load: Load) -> list[str]:

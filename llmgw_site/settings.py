@@ -35,6 +35,8 @@ try:
     LLMGW_DISRUPTION_THRESHOLD = env_float("LLMGW_DISRUPTION_THRESHOLD", 0.55, minimum=0.0, maximum=1.0)
     LLMGW_LOAD_MAX_AGE = env_float("LLMGW_LOAD_MAX_AGE", 60.0, minimum=0.1)
     LLMGW_BEAT_PERIOD = env_float("LLMGW_BEAT_PERIOD", 5.0, minimum=0.1)
+    # How often Celery beat renders the fleet's part of /metrics ahead of the scrapes (web/metrics/prerender.py).
+    LLMGW_METRICS_RENDER_PERIOD = 10.0
     # Routes an empty view for bench/heartbeat.py's ceiling; never set in production.
     LLMGW_BENCH_EMPTY_VIEW = env_bool("LLMGW_BENCH_EMPTY_VIEW", False)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
@@ -96,6 +98,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # POST /api/v1/heartbeat leaves the chain here: the rest serves people, not agents.
+    "web.api.fastpath.HeartbeatFastPath",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "llmgw_site.security.SecurityHeadersMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -209,6 +213,12 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "mark-stale": {"task": "inventory.tasks.mark_stale", "schedule": LLMGW_BEAT_PERIOD},
     "reconcile": {"task": "inventory.tasks.reconcile", "schedule": LLMGW_BEAT_PERIOD},
+    # A render not started within its period is superseded by the next one.
+    "render-metrics": {
+        "task": "web.tasks.render_metrics",
+        "schedule": LLMGW_METRICS_RENDER_PERIOD,
+        "options": {"expires": LLMGW_METRICS_RENDER_PERIOD},
+    },
 }
 
 # Security. Behind TLS in production (docs/operations.md); off in development

@@ -49,11 +49,15 @@ class FleetCollector:
 
     def collect(self) -> Iterator[Metric]:
         scrape = Scrape.take(time.time())
+        yield from self.fleet_families(scrape)
+        yield from self_families(scrape.counters)
+
+    def fleet_families(self, scrape: Scrape) -> Iterator[Metric]:
+        """Everything but the control plane's own counters: what web.metrics.prerender renders ahead."""
         yield GaugeMetricFamily(
             families.LOADSTORE_UP.name, families.LOADSTORE_UP.documentation, value=int(scrape.redis_ok)
         )
         yield from self.fleet(scrape)
-        yield from self_families(scrape.counters)
 
     def fleet(self, scrape: Scrape) -> Iterator[RenderedFamily]:
         inv = scrape.inventory
@@ -122,7 +126,8 @@ class Scrape:
         self.redis_ok = redis_ok
 
     @classmethod
-    def take(cls, now: float) -> Scrape:
+    def take(cls, now: float, max_age: float | None = None) -> Scrape:
+        """`max_age`: loads older than this are left out (LLMGW_LOAD_MAX_AGE unless given)."""
         inv = inventory_series.read()
         node_ids = [row.facts.id for row in inv.nodes]
         try:
@@ -135,7 +140,7 @@ class Scrape:
             # The inventory is still worth exporting; llmgw_loadstore_up says what is missing.
             log.warning("/metrics without loads: %s", exc)
             return cls(inv, [], {}, redis_ok=False)
-        oldest = now - settings.LLMGW_LOAD_MAX_AGE
+        oldest = now - (settings.LLMGW_LOAD_MAX_AGE if max_age is None else max_age)
         fresh = []
         for node_id, raw in zip(node_ids, replies[0] if node_ids else [], strict=True):
             stored = loadlines.parse(raw)

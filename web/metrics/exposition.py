@@ -56,10 +56,11 @@ def _header(content_type: str, name: str, documentation: str, typ: str) -> bytes
     return _encode(encoder, Metric(name, documentation, typ))
 
 
-def write(registry, accept: str) -> tuple[Iterator[bytes], str]:
+def write(registry, accept: str, end: bool = True) -> tuple[Iterator[bytes], str]:
     """The registry's families as byte chunks in the negotiated format, and its content type.
 
     The chunks are produced lazily: the collectors run when the first is asked for.
+    `end` False leaves out OpenMetrics' closing "# EOF", for a part that others follow.
     """
     try:
         encoder, content_type = choose_encoder(accept)
@@ -67,10 +68,10 @@ def write(registry, accept: str) -> tuple[Iterator[bytes], str]:
         # prometheus_client compares version numbers it could not parse
         # ("version=abc"); such a scraper gets the format every scraper reads.
         encoder, content_type = choose_encoder("")
-    return _chunks(registry, encoder, content_type), content_type
+    return _chunks(registry, encoder, content_type, end), content_type
 
 
-def _chunks(registry, encoder, content_type: str) -> Iterator[bytes]:
+def _chunks(registry, encoder, content_type: str, end: bool = True) -> Iterator[bytes]:
     # A scrape of a large fleet makes hundreds of thousands of short-lived
     # objects without cycles (rows, byte strings), freed by reference counting;
     # the cyclic collector would only walk them over and over, a fifth of the
@@ -85,7 +86,7 @@ def _chunks(registry, encoder, content_type: str) -> Iterator[bytes]:
                 yield header + b"".join(metric.chunks)
             else:
                 yield _encode(encoder, metric)
-        if content_type.startswith("application/openmetrics-text"):
+        if end and content_type.startswith("application/openmetrics-text"):
             yield EOF_LINE
     finally:
         if was_enabled:

@@ -1,0 +1,145 @@
+"""Where a heartbeat's CPU goes in one web process: cProfile over the WSGI application, beside the empty view.
+
+    python -m bench.fleetlib.profile [--nodes 200] [--beats 4000] [--top 25]
+
+The application is called in this process, as a gunicorn worker calls it, with
+heartbeats of the benchmark's fleet (bench/fleetlib/bodies.py) against a Redis
+of its own and SQLite; CPU per request (process time) is measured without the
+profiler for heartbeats and for the empty view, then the heartbeats are run
+again under cProfile. The socket and HTTP parsing, which gunicorn does for both
+alike, are left out; so is the machine's load, since process time is this
+process's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from devstack.redis_server import RedisServer
+
+JOIN_TOKEN = "profile-join-token"
+EMPTY = "/api/v1/bench-empty"
+HEARTBEAT = "/api/v1/heartbeat"
+
+
+def environ(path: str, token: str, body: bytes) -> dict:
+    return {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": path,
+        "SCRIPT_NAME": "",
+        "QUERY_STRING": "",
+        "SERVER_NAME": "127.0.0.1",
+        "SERVER_PORT": "8000",
+        "SERVER_PROTOCOL": "HTTP/1.1",
+        "HTTP_HOST": "127.0.0.1:8000",
+        "HTTP_AUTHORIZATION": f"Bearer {token}",
+        "CONTENT_TYPE": "application/json",
+        "CONTENT_LENGTH": str(len(body)),
+        "REMOTE_ADDR": "127.0.0.1",
+        "wsgi.input": io.BytesIO(body),
+        "wsgi.errors": sys.stderr,
+        "wsgi.url_scheme": "http",
+        "wsgi.version": (1, 0),
+        "wsgi.multithread": False,
+        "wsgi.multiprocess": True,
+        "wsgi.run_once": False,
+    }
+
+
+def call(application, path: str, token: str, body: bytes) -> str:
+    status = []
+    result = application(environ(path, token, body), lambda s, headers, exc=None: status.append(s))
+    try:
+        for _ in result:
+            pass
+    finally:
+        if hasattr(result, "close"):
+            result.close()
+    return status[0]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=200)
+    parser.add_argument("--beats", type=int, default=4000)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+
+    var = Path(tempfile.mkdtemp(prefix="llmgw-profile-"))
+    redis = RedisServer(var / "redis").start()
+    os.environ.update(
+        DJANGO_SETTINGS_MODULE="llmgw_site.settings",
+        LLMGW_VAR_DIR=str(var),
+        DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
+        REDIS_URL=redis.url,
+        LLMGW_JOIN_TOKEN=JOIN_TOKEN,
+        LLMGW_BENCH_EMPTY_VIEW="true",
+        LLMGW_REGISTER_PER_MINUTE="100000",
+        LLMGW_HEARTBEAT_PER_MINUTE="100000",
+    )
+    try:
+        import django
+
+        django.setup()
+        from django.core.management import call_command
+        from django.core.wsgi import get_wsgi_application
+
+        from agent import protocol
+        from bench.fleetlib import bodies
+
+        call_command("migrate", verbosity=0)
+        application = get_wsgi_application()
+        fleet = []
+        for index in range(args.nodes):
+            rng = random.Random(index)
+            message, digest = bodies.registration(index, rng)
+            out = []
+            result = application(
+                environ("/api/v1/register", JOIN_TOKEN, protocol.encode(message)), lambda s, h, e=None: None
+            )
+            out = b"".join(result)
+            token = protocol.decode(out, protocol.Registered).token
+            inv = message.inventory
+            fleet.append((token, bodies.heartbeat(index, digest, inv.host.cpus, inv.memory_total_bytes, rng)))
+
+        def drive(path: str, beats: int) -> float:
+            started = time.process_time()
+            for n in range(beats):
+                token, body = fleet[n % len(fleet)]
+                status = call(application, path, token, body)
+                if not status.startswith("200"):
+                    raise RuntimeError(f"{path}: {status}")
+            return 1e6 * (time.process_time() - started) / beats
+
+        drive(HEARTBEAT, len(fleet))  # every node alive and its card and shard list cached
+        drive(EMPTY, 200)
+        heartbeat, empty = drive(HEARTBEAT, args.beats), drive(EMPTY, args.beats)
+        heartbeat2, empty2 = drive(HEARTBEAT, args.beats), drive(EMPTY, args.beats)
+        heartbeat, empty = min(heartbeat, heartbeat2), min(empty, empty2)
+        print(
+            f"CPU per request in one process: heartbeat {heartbeat:.0f} µs, empty view {empty:.0f} µs, "
+            f"ratio {heartbeat / empty:.2f}"
+        )
+        profiler = cProfile.Profile(time.process_time)
+        profiler.enable()
+        drive(HEARTBEAT, args.beats)
+        profiler.disable()
+        stats = pstats.Stats(profiler)
+        stats.sort_stats("cumulative").print_stats(args.top)
+        stats.sort_stats("tottime").print_stats(args.top)
+    finally:
+        redis.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

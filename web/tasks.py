@@ -1,0 +1,15 @@
+"""The web app's periodic work, run by Celery beat (llmgw_site/settings.py CELERY_BEAT_SCHEDULE)."""
+
+from __future__ import annotations
+
+import time
+
+from celery import shared_task
+
+from web.metrics import prerender
+
+
+@shared_task
+def render_metrics() -> int:
+    """Render the fleet's part of /metrics ahead of the scrapes (web/metrics/prerender.py); its gzipped size."""
+    return prerender.store(time.time())
