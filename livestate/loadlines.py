@@ -24,7 +24,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from agent.protocol import Load
-from livestate.samples import labelset, value
+from livestate.samples import labelset, line, value
 
 
 class Family(NamedTuple):
