@@ -91,7 +91,7 @@ class Run:
         self.stack = Stack(self.var, env, web_port=self.web_port, workers=a.workers)
         self.stack.start(self.stack.redis_part())
         self.stack.prepare()
-        self.stack.start(self.stack.web_part())
+        self.stack.start_web()
         self.stack.start(self.stack.celery_part())
         os.environ.update(self.stack.env)
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
@@ -125,6 +125,7 @@ class Run:
             print(f"all alive before the outage: {warm} ({counts})", file=sys.stderr)
 
             stopped_at = time.time()
+            # The gunicorn instance behind the proxy goes; HAProxy stays and answers 503 meanwhile.
             await asyncio.to_thread(self.stack.stop, "web")
             print(f"web tier stopped for {a.outage:g} s", file=sys.stderr)
             most_unreachable = 0

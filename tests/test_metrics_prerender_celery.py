@@ -32,7 +32,7 @@ def stack(tmp_path, _redis_everywhere):
     )
     stack.manage("migrate", "--noinput", "-v0")
     try:
-        stack.start(stack.web_part())
+        stack.start_web()
         stack.start(stack.celery_part())
         yield stack
     finally:
