@@ -4,15 +4,25 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0004_gpu_health'),
+        ("inventory", "0004_gpu_health"),
     ]
 
     operations = [
         migrations.AlterField(
-            model_name='nodeevent',
-            name='kind',
-            field=models.CharField(choices=[('liveness', 'Liveness'), ('admin', 'Admin'), ('registration', 'Registration'), ('gpu', 'Gpu'), ('replica', 'Replica'), ('engine', 'Engine'), ('install', 'Install')], max_length=16),
+            model_name="nodeevent",
+            name="kind",
+            field=models.CharField(
+                choices=[
+                    ("liveness", "Liveness"),
+                    ("admin", "Admin"),
+                    ("registration", "Registration"),
+                    ("gpu", "Gpu"),
+                    ("replica", "Replica"),
+                    ("engine", "Engine"),
+                    ("install", "Install"),
+                ],
+                max_length=16,
+            ),
         ),
     ]
