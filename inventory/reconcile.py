@@ -46,13 +46,21 @@ from inventory.models import (
     GPUClaim,
     Liveness,
     Node,
+    NodeEvent,
     Replica,
     ReplicaState,
     Shard,
 )
 from inventory.operator import finish_drain
 from inventory.placement import CannotPlace, Placement, Planner, Profile, load_fleet
-from inventory.replicas import begin_release, fail_on_unusable_gpus, fail_replicas, finish_release, new_replicas
+from inventory.replicas import (
+    begin_release,
+    fail_on_unusable_gpus,
+    fail_replicas,
+    finish_release,
+    new_replicas,
+    replica_events,
+)
 from livestate import shardversion
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,10 @@ RELEASE_GRACE = timedelta(seconds=60)
 # Placements younger than this are checked for GPUs removed while they were
 # written (replicas.fail_on_unusable_gpus); a pass takes well under a second.
 RECENT_PLACEMENTS = timedelta(minutes=5)
+# A replica created this soon after one of its deployment's replicas failed is
+# taken as that one's rebuild: the pass that fails a replica (or the next one,
+# seconds after a heartbeat failed it) creates its replacement.
+REBUILD_WINDOW = timedelta(minutes=1)
 # How long a failed replica stays visible in the admin, with its reason.
 FAILED_KEPT_FOR = timedelta(hours=1)
 
@@ -309,7 +321,47 @@ def record_placements(placed: list[tuple[Replica, Placement]], now: datetime) ->
         Replica.objects.filter(pk__in=pks).update(
             state=ReplicaState.PLACED, reason=reason, changed_at=now, fabric=fabric
         )
+    _record_placed_events(placed, now)
     shardversion.bump(part.node_id for _, placement in placed for part in placement.shards)
+
+
+def _record_placed_events(placed: list[tuple[Replica, Placement]], now: datetime) -> None:
+    """A REPLICA event on each node a replica went to, saying what it rebuilds, if anything.
+
+    A drain's replacement names the replica it replaces; any other new replica
+    rebuilds a failed one of its deployment when it was created within
+    REBUILD_WINDOW after that one failed. Two queries whatever the pass placed.
+    """
+    replaced = {r.replaces_id for r, _ in placed if r.replaces_id}
+    old_ids = dict(Replica.objects.filter(pk__in=replaced).values_list("pk", "replica_id")) if replaced else {}
+    earliest = min(r.created_at for r, _ in placed) - REBUILD_WINDOW
+    failed: dict[int, list[tuple[datetime, str, str]]] = defaultdict(list)
+    rows = Replica.objects.filter(
+        state=ReplicaState.FAILED, deployment__in={r.deployment_id for r, _ in placed}, changed_at__gte=earliest
+    ).order_by("changed_at", "ordinal")
+    for deployment_pk, changed_at, replica_id, reason in rows.values_list(
+        "deployment_id", "changed_at", "replica_id", "reason"
+    ):
+        failed[deployment_pk].append((changed_at, replica_id, reason))
+    events: list[NodeEvent] = []
+    for replica, placement in placed:
+        nodes = sorted({part.node_id for part in placement.shards})
+        if replica.replaces_id:
+            why = f"placed, rebuilding {old_ids.get(replica.replaces_id, '?')} (drained)"
+        else:
+            candidates = failed[replica.deployment_id]
+            match = next(
+                (c for c in candidates if c[0] <= replica.created_at <= c[0] + REBUILD_WINDOW),
+                None,
+            )
+            if match:
+                candidates.remove(match)
+                why = f"placed, rebuilding {match[1]} (failed: {match[2]})"
+            else:
+                why = "placed"
+        held = [(replica.replica_id, node_id) for node_id in nodes]
+        events += replica_events(held, ReplicaState.PLACED, why, now, ReplicaState.PENDING)
+    NodeEvent.objects.bulk_create(events)
 
 
 def _cordon_drained(now: datetime, result: ReconcileResult) -> None:

@@ -133,6 +133,7 @@ def _replace_gpus(node: Node, reported: list[protocol.GPU]) -> list[int]:
 def _replace_hardware(node: Node, inventory: protocol.Inventory) -> list[int]:
     """Write the node's hardware rows; returns the indices of GPUs gone from it."""
     dropped = _replace_gpus(node, inventory.gpus)
+    _record_install_changes(node, inventory.provision)
     for model in (Filesystem, Weights, FabricAttachment, EngineInstall):
         model.objects.filter(node=node).delete()
     # The tables whose rows copy the report field for field, each report deduplicated where the table is unique.
@@ -154,6 +155,31 @@ def _replace_hardware(node: Node, inventory: protocol.Inventory) -> list[int]:
         for f in _unique_by(inventory.fabrics, lambda f: f.name)
     )
     return dropped
+
+
+def _record_install_changes(node: Node, reported: list[protocol.EngineInstall]) -> None:
+    """An INSTALL event for each engine install whose state differs from the stored one, in one INSERT.
+
+    Read before the rows are replaced; an install first seen counts as a change
+    from nothing, and one the report no longer lists is not an event.
+    """
+    stored = {
+        (engine, variant): state
+        for engine, variant, state in EngineInstall.objects.filter(node=node).values_list("engine", "variant", "state")
+    }
+    events = []
+    for item in reported:
+        # Keyed without the version, which an agent often learns only once the install is done.
+        before = stored.get((item.engine, item.variant), "")
+        if item.state == before:
+            continue
+        name = " ".join(word for word in (item.engine, item.version, item.variant) if word)
+        lines = item.detail.strip().splitlines()
+        reason = f"{name}: {lines[-1]}" if lines else name
+        events.append(
+            NodeEvent(node=node, kind=NodeEvent.Kind.INSTALL, from_state=before, to_state=item.state, reason=reason)
+        )
+    NodeEvent.objects.bulk_create(events)
 
 
 def _unique_by(items, key):

@@ -8,6 +8,7 @@ so its allocations are freed at once and a new replica is built elsewhere.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,6 +26,7 @@ from inventory.models import (
     Deployment,
     GPUClaim,
     GPUCondition,
+    NodeEvent,
     Replica,
     ReplicaState,
     Shard,
@@ -71,9 +73,11 @@ def fail_replicas(replica_ids: Iterable[str], reason: str, now: datetime | None 
             )
         )
         shards = Shard.objects.filter(replica__replica_id__in=changing)
-        nodes = set(shards.values_list("node_id", flat=True))
+        held = set(shards.values_list("replica__replica_id", "node_id"))
+        nodes = {node_id for _, node_id in held}
         Replica.objects.filter(replica_id__in=changing).update(state=ReplicaState.FAILED, reason=reason, changed_at=now)
         shards.update(state=ReplicaState.FAILED, reason=reason, changed_at=now)
+        record_replica_events(held, ReplicaState.FAILED, reason, now)
         # Allocations go even for replicas no row describes: whatever held
         # resources for a dead replica must free them.
         Allocation.objects.filter(replica_id__in=ids).delete()
@@ -155,10 +159,38 @@ def begin_release(replicas: Iterable[Replica], reason: str, now: datetime | None
         changed = list(Replica.objects.filter(pk__in=placed, state__in=RUN_STATES).values_list("pk", flat=True))
         Replica.objects.filter(pk__in=changed).update(state=ReplicaState.RELEASING, reason=reason, changed_at=now)
         shards = Shard.objects.filter(replica__in=changed)
-        nodes = set(shards.values_list("node_id", flat=True))
+        held = set(shards.values_list("replica__replica_id", "node_id"))
+        nodes = {node_id for _, node_id in held}
         shards.update(state=ReplicaState.RELEASING, reason=reason, changed_at=now)
+        record_replica_events(held, ReplicaState.RELEASING, reason, now)
     shardversion.bump(nodes)
     return sorted(r.replica_id for r in replicas if r.pk in set(pending) | set(changed))
+
+
+def record_replica_events(
+    held: Iterable[tuple[str, str | None]], to_state: str, reason: str, now: datetime, from_state: str = ""
+) -> None:
+    """One REPLICA event per (replica id, node id) pair, in one INSERT."""
+    NodeEvent.objects.bulk_create(replica_events(held, to_state, reason, now, from_state))
+
+
+def replica_events(
+    held: Iterable[tuple[str, str | None]], to_state: str, reason: str, now: datetime, from_state: str = ""
+) -> list[NodeEvent]:
+    """The REPLICA events, unsaved; a shard with no node has no page to show one on."""
+    return [
+        NodeEvent(
+            node_id=node_id,
+            at=now,
+            kind=NodeEvent.Kind.REPLICA,
+            from_state=from_state,
+            to_state=to_state,
+            reason=f"replica {replica_id}: {reason}" if reason else f"replica {replica_id}",
+            actor="system",
+        )
+        for replica_id, node_id in sorted(held, key=lambda pair: (pair[0], pair[1] or ""))
+        if node_id
+    ]
 
 
 def finish_release(shard_ids: Iterable[str]) -> list[str]:
@@ -197,6 +229,8 @@ class ReportEffects:
     failed: dict[str, str] = field(default_factory=dict)
     # This node's shards of the failed replicas: no longer to be run.
     failed_shards: set[str] = field(default_factory=set)
+    # (to_state, reason) of each engine that failed or restarted since the last report: ENGINE events.
+    engine_events: list[tuple[str, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.changed or self.stopped or self.failed)
@@ -224,10 +258,15 @@ def read_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.S
         elif _REPORTED[status.state] == ReplicaState.FAILED:
             reason = f"shard {shard.shard_id} failed on {node_id}: {_describe(status)}"
             effects.failed[shard.replica.replica_id] = reason
+            effects.engine_events.append(("failed", f"{shard.shard_id}: {_describe_failure(status)}"))
         else:
             new = (_REPORTED[status.state], _describe(status), status.metrics_port)
             if new != (shard.state, shard.reason, shard.metrics_port):
                 effects.changed.append((shard, *new))
+                before = _restarts_in(shard.reason)
+                if status.restarts > before:
+                    words = f"restarted ({before} → {status.restarts} restarts)"
+                    effects.engine_events.append(("restarted", f"{shard.shard_id} {words}: {_describe(status)}"))
     effects.failed_shards = {s.shard_id for s in shards if s.replica.replica_id in effects.failed}
     return effects
 
@@ -235,6 +274,10 @@ def read_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.S
 def apply_reports(effects: ReportEffects) -> set[str]:
     """Write what `read_reports` found. Returns the shard ids no longer to be run."""
     now = timezone.now()
+    NodeEvent.objects.bulk_create(
+        NodeEvent(node_id=effects.node_id, at=now, kind=NodeEvent.Kind.ENGINE, to_state=state, reason=reason)
+        for state, reason in effects.engine_events
+    )
     changed = []
     for shard, state, reason, metrics_port in effects.changed:
         shard.state, shard.reason, shard.metrics_port, shard.changed_at = state, reason, metrics_port, now
@@ -271,6 +314,27 @@ def roll_up(replica_pks: Iterable[int], now: datetime | None = None) -> None:
         Replica.objects.filter(pk=replica_pk, state__in=RUN_STATES).exclude(state=state, reason=reason).update(
             state=state, reason=reason, changed_at=now
         )
+
+
+# The shard row keeps no restart count of its own; the reason `_describe` wrote
+# for the last report carries it, so that is where the previous count is read.
+_RESTARTS = re.compile(r"(?:^|, )(\d+) restarts(?:,|$)")
+
+
+def _restarts_in(reason: str) -> int:
+    found = _RESTARTS.search(reason)
+    return int(found.group(1)) if found else 0
+
+
+def _describe_failure(status: protocol.ShardStatus) -> str:
+    """Exit code and the last line the engine wrote: what an operator reads first."""
+    words = ["engine failed"]
+    if status.exit_code is not None:
+        words.append(f"exit code {status.exit_code}")
+    last = status.detail.strip().splitlines()[-1] if status.detail.strip() else ""
+    if last:
+        words.append(last)
+    return ", ".join(words)
 
 
 def _describe(status: protocol.ShardStatus) -> str:

@@ -154,5 +154,5 @@ def test_a_shard_placed_on_the_node_is_an_event(viewer_client, cluster, settings
     settings.PROMETHEUS_URL = f"http://127.0.0.1:{free_port()}"
     place("llama", {"ready-1": [0]})
     html = viewer_client.get("/nodes/ready-1/charts/?range=1h", **HTMX).content.decode()
-    assert "Shard llama-r1-s0 (llama): placed" in html
-    assert "Shard llama-r1-s0" not in viewer_client.get("/nodes/lost-1/charts/?range=1h", **HTMX).content.decode()
+    assert "Replica: pending → placed · “replica llama-r1: placed” — system" in html
+    assert "llama-r1" not in viewer_client.get("/nodes/lost-1/charts/?range=1h", **HTMX).content.decode()

@@ -133,7 +133,7 @@ class Node(models.Model):
 
 
 class NodeEvent(models.Model):
-    """One change of a node's liveness or admin state, a registration, or a change of one of its GPUs."""
+    """One change on a node: liveness, admin state, registration, a GPU, a replica, an engine or an install."""
 
     class Kind(models.TextChoices):
         LIVENESS = "liveness"
@@ -141,6 +141,12 @@ class NodeEvent(models.Model):
         REGISTRATION = "registration"
         # A GPU's condition moved (inventory.gpuhealth) or an operator cleared it.
         GPU = "gpu"
+        # A replica placed on the node (or rebuilt there), released from it, or failed on it.
+        REPLICA = "replica"
+        # An engine the agent runs failed or restarted.
+        ENGINE = "engine"
+        # An engine install moved (installing, ready, failed, unsupported).
+        INSTALL = "install"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
     at = models.DateTimeField(default=timezone.now, db_index=True)

@@ -230,18 +230,12 @@ def event_text(event: NodeEvent) -> str:
     return text
 
 
-def shard_text(shard_id: str, deployment: str, state: str, reason: str) -> str:
-    """A shard's latest change, said as an event."""
-    text = f"Shard {shard_id} ({deployment}): {ReplicaState(state).label}"
-    return text + (f" · “{reason}”" if reason else "")
-
-
 def events_in(node_id: str, start: float, end: float) -> list[dict]:
-    """What happened on the node from `start` to `end` (epoch seconds), oldest first, at most MARKERS_SHOWN.
+    """The node's `NodeEvent`s from `start` to `end` (epoch seconds), oldest first, at most MARKERS_SHOWN.
 
-    Its `NodeEvent`s (admin and liveness changes, registrations), and the latest
-    change of each shard placed on it (placed, starting, running, failed), which
-    is all of a shard's history the database keeps.
+    Admin and liveness changes, registrations, GPUs, replicas placed, rebuilt,
+    released and failed, engines failed and restarted, and installs: each is
+    recorded where it happens, so no shard's latest change needs to be read here.
     """
     since, until = datetime.fromtimestamp(start, UTC), datetime.fromtimestamp(end, UTC)
     node_events = NodeEvent.objects.filter(node_id=node_id, at__gte=since, at__lte=until)[:MARKERS_SHOWN]
@@ -249,17 +243,8 @@ def events_in(node_id: str, start: float, end: float) -> list[dict]:
         {"id": f"e{e.pk}", "t": e.at.timestamp(), "at": e.at, "kind": e.kind, "text": event_text(e)}
         for e in node_events
     ]
-    shards = (
-        Shard.objects.filter(node_id=node_id, changed_at__gte=since, changed_at__lte=until)
-        .order_by("-changed_at")
-        .values_list("pk", "shard_id", "replica__deployment__name", "state", "reason", "changed_at")[:MARKERS_SHOWN]
-    )
-    events += [
-        {"id": f"s{pk}", "t": at.timestamp(), "at": at, "kind": "shard", "text": shard_text(shard, name, state, why)}
-        for pk, shard, name, state, why, at in shards
-    ]
     events.sort(key=lambda event: event["t"])
-    return events[-MARKERS_SHOWN:]
+    return events
 
 
 def chosen_range(get) -> tuple[promquery.TimeRange, str | None]:
