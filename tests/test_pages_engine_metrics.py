@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from threading import Thread
+from urllib.parse import parse_qs
 
 import pytest
 import requests
@@ -154,3 +157,66 @@ def test_the_cluster_table_says_question_mark_when_prometheus_cannot(viewer_clie
     assert re.search(
         r'<td class="numeric waiting"><span class="muted" title="requests waiting unknown: [^"]+">\?</span>', ready
     )
+
+
+class _CountingPrometheus:
+    """Answers every instant query with node ready-1's 7 requests waiting, and records the queries asked."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+        owner = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                path, _, query = self.path.partition("?")
+                if path == "/api/v1/query":
+                    owner.queries.append(parse_qs(query)["query"][0])
+                body = {"status": "success", "data": {"resultType": "vector", "result": []}}
+                if path == "/api/v1/query":
+                    body["data"]["result"] = [{"metric": {"node": "ready-1"}, "value": [1.0, "7"]}]
+                if path == "/api/v1/alerts":
+                    body = {"status": "success", "data": {"alerts": []}}
+                raw = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_requests_waiting_is_one_fleet_wide_query_kept_briefly(viewer_client, cluster, settings):
+    server = _CountingPrometheus()
+    try:
+        settings.PROMETHEUS_URL = server.url
+        page = viewer_client.get("/").content.decode()
+        viewer_client.get("/", **HTMX)
+        viewer_client.get("/?page=2", **HTMX)
+        assert server.queries == [promengines.WAITING_QUERY]
+        assert '<td class="numeric waiting">7</td>' in re.search(r'<tr id="node-ready-1".*?</tr>', page, re.S).group(0)
+    finally:
+        server.stop()
+
+
+def test_a_node_page_without_running_shards_asks_prometheus_nothing_about_engines(viewer_client, cluster, settings):
+    server = _CountingPrometheus()
+    try:
+        settings.PROMETHEUS_URL = server.url
+        viewer_client.get("/nodes/ready-1/", **HTMX)
+        assert server.queries == []
+        running("chat")
+        viewer_client.get("/nodes/ready-1/", **HTMX)
+        viewer_client.get("/nodes/ready-1/", **HTMX)
+        assert server.queries == [promengines.last_seen_query("ready-1")]
+    finally:
+        server.stop()
