@@ -30,12 +30,16 @@ def test_every_chart_selects_the_node():
         "cores",
         "shard_memory",
         "queue",
+        "running",
+        "tokens",
         "gpu_utilization",
         "gpu_memory",
     }
     for spec in specs:
         assert 'node="gpu-07"' in spec.query
     assert any("llmgw:shard_queue_depth" in spec.query for spec in specs)
+    assert any("llmgw:shard_requests_running" in spec.query for spec in specs)
+    assert any("llmgw:shard_tokens_per_second" in spec.query for spec in specs)
 
 
 def test_grid_is_an_hour_of_steps_ending_now():

@@ -137,6 +137,20 @@ def node_charts(node_id: str) -> list[ChartSpec]:
         ChartSpec(
             "queue", "Queue depth per model", "count", f"sum by (model) (llmgw:shard_queue_depth{{{node}}})", "model"
         ),
+        ChartSpec(
+            "running",
+            "Running requests per model",
+            "count",
+            f"sum by (model) (llmgw:shard_requests_running{{{node}}})",
+            "model",
+        ),
+        ChartSpec(
+            "tokens",
+            "Tokens/s per model",
+            "tokens/s",
+            f"sum by (model) (llmgw:shard_tokens_per_second{{{node}}})",
+            "model",
+        ),
         ChartSpec("gpu_utilization", "GPU busy", "percent", _per_gpu("llmgw_gpu_utilization_percent", node), "name"),
         ChartSpec("gpu_memory", "GPU memory used", "bytes", _per_gpu("llmgw_gpu_memory_used_bytes", node), "name"),
     ]
@@ -188,6 +202,22 @@ def query_range(
     base, body = api_get(f"/api/v1/query_range?{params}", base_url, deadline)
     try:
         return promshape.matrix(body)
+    except promshape.WrongShape as exc:
+        raise PrometheusUnavailable(f"Prometheus at {base} answered in an unexpected shape: {exc}") from None
+
+
+def query(
+    expr: str, base_url: str | None = None, deadline: float | None = None, timeout: float = TIMEOUT
+) -> list[promshape.Sample]:
+    """The `result` of one instant query (a list of {metric, value}), checked for shape.
+
+    Raises PrometheusUnavailable as `api_get` does, or when the answer is of another
+    shape; `deadline` is `timeout` from now when not given.
+    """
+    deadline = deadline if deadline is not None else time.monotonic() + timeout
+    base, body = api_get(f"/api/v1/query?{urlencode({'query': expr})}", base_url, deadline, timeout)
+    try:
+        return promshape.vector(body)
     except promshape.WrongShape as exc:
         raise PrometheusUnavailable(f"Prometheus at {base} answered in an unexpected shape: {exc}") from None
 

@@ -117,3 +117,24 @@ def alerts(body: dict) -> list[AlertShape]:
             )
         )
     return checked
+
+
+class Sample(TypedDict):
+    metric: dict[str, str]
+    value: float
+
+
+def vector(body: dict) -> list[Sample]:
+    """The samples of a successful instant query's answer; raises WrongShape."""
+    data = _data(body)
+    if data.get("resultType") != "vector":
+        raise WrongShape(f"data.resultType is {data.get('resultType')!r}, not 'vector'")
+    checked = []
+    for where, sample in _objects(data, "result"):
+        metric = sample.get("metric")
+        _expect(metric, dict, f"{where}.metric")
+        if not all(isinstance(v, str) for v in metric.values()):
+            raise WrongShape(f"{where}.metric has a label whose value is not a string")
+        _, value = _point(sample.get("value"), f"{where}.value")
+        checked.append(Sample(metric=metric, value=value))
+    return checked

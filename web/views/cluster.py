@@ -21,7 +21,7 @@ from django.views.decorators.http import require_GET
 
 from inventory.models import GPU, Node, NodeState, state_order
 from inventory.queries import count_per_node, gpu_class_filter, label_filter
-from web import promalerts
+from web import promalerts, promengines
 from web.views.access import login_required
 from web.views.loads import fetch_readings, fresh_figures
 from web.views.rows import ROW_FIELDS, node_rows
@@ -62,6 +62,7 @@ COLUMNS = (
     ("GPUs free", "gpus", True),
     ("disk free", None, True),
     ("engines", None, True),
+    ("waiting", None, True),
     ("heartbeat", "heartbeat", True),
     ("labels", None, False),
 )
@@ -185,6 +186,14 @@ def table_page(query: TableQuery, now: float) -> dict:
     return {"rows": rows, "count": count, "page": page, "pages": pages, "table_problem": problem}
 
 
+def waiting_cell(waiting: promengines.Answer, node_id: str) -> str:
+    """A node's requests waiting: "?" when Prometheus cannot say, blank when the node has no engine metrics."""
+    if waiting.problem:
+        return "?"
+    value = waiting.values.get(node_id)
+    return "" if value is None else f"{value:.0f}"
+
+
 @require_GET
 @login_required
 def cluster(request):
@@ -197,10 +206,15 @@ def cluster(request):
     per_node = firing.per_node()
     for row in table["rows"]:
         row.alerts = per_node.get(row.id, 0)
+    # One fleet-wide query for the requests waiting column, shared for a few seconds like the alerts.
+    waiting = promengines.waiting_per_node()
+    for row in table["rows"]:
+        row.waiting = waiting_cell(waiting, row.id)
     context = {
         "query": query,
         "summary": fleet,
         "firing": firing,
+        "waiting_problem": waiting.problem,
         "load_problem": table["table_problem"] or fleet.problem,
         "columns": query.columns(),
         "states": list(NodeState),

@@ -34,7 +34,7 @@ from inventory.models import (
     Shard,
 )
 from inventory.operator import ACTIONS
-from web import promalerts, promquery
+from web import promalerts, promengines, promquery
 from web.views.access import login_required
 from web.views.loads import fetch_readings, heartbeat_age
 
@@ -86,6 +86,8 @@ class EngineRow:
     endpoint: str = ""
     # A shard the agent measures that no allocation on this node accounts for.
     unplaced: bool = False
+    # Why a running shard has no engine metrics in Prometheus (web/promengines.py); empty when it has.
+    no_engine_metrics: str = ""
 
     @property
     def state_colour(self) -> str:
@@ -261,6 +263,20 @@ def chosen_range(get) -> tuple[promquery.TimeRange, str | None]:
     return promquery.DEFAULT_RANGE, f"range: {key[:20]!r} is not one of {known}; showing {fallback}"
 
 
+def mark_engine_metrics(node_id: str, rows: list[EngineRow], facts: dict[str, ShardFacts], now: float) -> None:
+    """Say on each running shard's row why it has no engine metrics, if it has none.
+
+    Only a running shard's engine is expected to export them: a starting one may not
+    answer yet, and a failed one has no engine.
+    """
+    running = [
+        (row.shard, facts[row.shard].engine) for row in rows if row.state == ReplicaState.RUNNING and row.shard in facts
+    ]
+    reasons = promengines.node_reasons(node_id, running, now)
+    for row in rows:
+        row.no_engine_metrics = reasons.get(row.shard, "")
+
+
 def live_context(node: Node, now: float) -> dict:
     readings, load_problem = fetch_readings([node.pk], now)
     reading = readings[node.pk]
@@ -269,19 +285,22 @@ def live_context(node: Node, now: float) -> dict:
     filesystems = list(node.filesystems.all())
     firing = promalerts.firing()
     installs = list(node.engine_installs.all())
+    facts = shard_facts(node)
+    engines = engine_rows(
+        allocations,
+        reading.load,
+        facts,
+        installs,
+        endpoints.node_address(node.mgmt_addr, node.hostname, node.pk),
+    )
+    mark_engine_metrics(node.pk, engines, facts, now)
     return {
         "node": node,
         "alerts": firing.for_node(node.pk),
         "alerts_problem": firing.problem,
         "reading": reading,
         "load_problem": load_problem,
-        "engines": engine_rows(
-            allocations,
-            reading.load,
-            shard_facts(node),
-            installs,
-            endpoints.node_address(node.mgmt_addr, node.hostname, node.pk),
-        ),
+        "engines": engines,
         "installs": installs,
         "gpus": gpu_rows(list(node.gpus.all()), holders, reading.load),
         "local_filesystems": [fs for fs in filesystems if not fs.shared],

@@ -55,6 +55,9 @@ class NodeRow:
     engines: int = 0
     # Alerts firing for the node, from Prometheus (web/promalerts.py); set by the cluster view.
     alerts: int = 0
+    # Requests waiting on the node's engines, from Prometheus (web/promengines.py); set by the cluster view:
+    # "?" when Prometheus cannot say, "" when the node has no engine metrics.
+    waiting: str = ""
     heartbeat: str = ""
     labels: list[str] = field(default_factory=list)
 
