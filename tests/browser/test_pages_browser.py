@@ -11,7 +11,7 @@ from django.utils import timezone
 from agent import protocol
 from agent.protocol import GPULoad, Load, ShardLoad
 from devstack.polling import wait_until
-from inventory.liveness import change_liveness
+from inventory.liveness import change_liveness, flush
 from inventory.models import Allocation, GPUClaim, Liveness
 from livestate import loadstore
 from tests.browser.conftest import log_in
@@ -119,6 +119,8 @@ def test_a_heartbeat_changes_the_table_without_a_reload(page, live_server, opera
         registered["token"],
     )
     assert reply["state"] == "ready"
+    # The revival reaches the database with the sweep's next flush, as Celery beat runs it every 5 s.
+    flush()
 
     row.locator("td.cpu .figure").wait_for(timeout=15_000)
     assert row.locator("td.cpu .figure").inner_text().startswith("73%")
