@@ -18,7 +18,7 @@ sysdeps-test:
 	@scripts/system-packages --with-browser
 
 sysdeps-bench:
-	@scripts/system-packages --with-browser --with-bench
+	@scripts/system-packages --with-browser
 
 run: $(BIN)/.installed sysdeps
 	$(BIN)/python -m devstack
