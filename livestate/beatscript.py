@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+import hiredis
 import redis
 from django.conf import settings
 
@@ -92,8 +93,10 @@ class _Connection:
 
     @staticmethod
     def _send(connection, command: str, script: str, script_keys: tuple, args: tuple):
-        packed = connection.pack_command(command, script, len(script_keys), *script_keys, *args)
-        connection.send_packed_command(packed, False)
+        # hiredis packs the command in C; redis-py's own `pack_command` first walks the
+        # arguments in Python looking for bytearrays, which none of these is.
+        packed = hiredis.pack_command((command, script, len(script_keys), *script_keys, *args))
+        connection.send_packed_command([packed], False)
         return connection.read_response()
 
     def _current(self):

@@ -1,7 +1,7 @@
 """Rate limits on the agent API, and the client address they are counted by.
 
 The counters live in Redis (`livestate.limits`), so a limit holds across every
-gunicorn worker and every web machine.
+web worker and every web machine.
 
 - registration: at most LLMGW_REGISTER_PER_MINUTE per client address, since a
   join token is shared and a leaked one must not mint tokens at line rate.
@@ -38,6 +38,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -63,12 +65,17 @@ def client_address(request: HttpRequest) -> str:
     client is that many entries from the right; anything further left was written by
     the client and proves nothing.
     """
+    return address_of(request.META)
+
+
+def address_of(meta: Mapping[str, Any]) -> str:
+    """`client_address` of a request's WSGI environ (Django's `request.META`)."""
     hops = settings.LLMGW_PROXY_HOPS
     if hops:
-        forwarded = [part.strip() for part in request.headers.get("X-Forwarded-For", "").split(",") if part.strip()]
+        forwarded = [part.strip() for part in meta.get("HTTP_X_FORWARDED_FOR", "").split(",") if part.strip()]
         if len(forwarded) >= hops:
             return forwarded[-hops]
-    return request.META.get("REMOTE_ADDR", "")
+    return meta.get("REMOTE_ADDR", "")
 
 
 def as_ip(address: str) -> str | None:

@@ -2,12 +2,12 @@
 
     python -m bench.fleetlib.profile [--nodes 200] [--beats 4000] [--top 25]
 
-The application is called in this process, as a gunicorn worker calls it, with
+The application is called in this process, as a web worker calls it, with
 heartbeats of the benchmark's fleet (bench/fleetlib/bodies.py) against a Redis
 of its own and SQLite; CPU per request (process time) is measured without the
 profiler for heartbeats and for the empty view, then the heartbeats are run
-again under cProfile. The socket and HTTP parsing, which gunicorn does for both
-alike, are left out; so is the machine's load, since process time is this
+again under cProfile. The socket and HTTP parsing, which the web server does for
+both alike, are left out; so is the machine's load, since process time is this
 process's own.
 """
 
@@ -91,13 +91,13 @@ def main() -> int:
 
         django.setup()
         from django.core.management import call_command
-        from django.core.wsgi import get_wsgi_application
 
         from agent import protocol
         from bench.fleetlib import bodies
 
         call_command("migrate", verbosity=0)
-        application = get_wsgi_application()
+        from llmgw_site.wsgi import application
+
         fleet = []
         for index in range(args.nodes):
             rng = random.Random(index)

@@ -9,6 +9,8 @@ credential is counted against its client address where it is found wrong
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
@@ -18,16 +20,16 @@ from agent import protocol
 from web.api.heartbeats import authenticate, count_rejection, receive_heartbeat
 from web.api.outage import database_unavailable, is_outage
 from web.api.registration import join_token_name, register_node
-from web.api.rejections import Rejected, bearer_token, decode, json_response, read_json_body
-from web.ratelimit import check_registration, client_address, refused_credential
+from web.api.rejections import Answer, Rejected, bearer_token, decode, json_answer, json_response, read_json_body
+from web.ratelimit import address_of, check_registration, client_address, refused_credential
 
 
 @csrf_exempt
 def register(request: HttpRequest) -> HttpResponse:
     address = client_address(request)
     try:
-        body = read_json_body(request)
-        joined_with = join_token_name(bearer_token(request))
+        body = read_json_body(request.META, request.read)
+        joined_with = join_token_name(bearer_token(request.META))
         if joined_with is None:
             raise refused_credential(address, "unknown or revoked join token")
         # Counted only once the join token is known good, so a stranger cannot spend it.
@@ -44,12 +46,18 @@ def register(request: HttpRequest) -> HttpResponse:
 
 @csrf_exempt
 def heartbeat(request: HttpRequest) -> HttpResponse:
+    """The heartbeat as a Django view; production serves the same answer from WSGI (web/api/fastpath.py)."""
+    return answer_heartbeat(request.META, request.read).as_django()
+
+
+def answer_heartbeat(meta: Mapping[str, Any], read: Callable[[int], bytes]) -> Answer:
+    """A heartbeat request, given its WSGI environ and a reader of its body, and its answer."""
     started = time.perf_counter()
     received_at = time.time()
-    address = client_address(request)
+    address = address_of(meta)
     try:
-        body = read_json_body(request)
-        token = bearer_token(request)
+        body = read_json_body(meta, read)
+        token = bearer_token(meta)
         try:
             beat = decode(body, protocol.Heartbeat)
         except Rejected:
@@ -60,14 +68,14 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
         reply = receive_heartbeat(caller, beat, received_at, started)
     except Rejected as rejection:
         count_rejection(rejection.outcome, started)
-        return rejection.response()
+        return rejection.answer()
     except DatabaseError as exc:
         if not is_outage(exc):
             raise
         rejection = database_unavailable(exc)
         count_rejection(rejection.outcome, started)
-        return rejection.response()
-    return json_response(reply)
+        return rejection.answer()
+    return json_answer(reply)
 
 
 @csrf_exempt
