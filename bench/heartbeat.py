@@ -1,6 +1,6 @@
 """A paced fleet of real-sized heartbeats against the stack as `make run` starts it, beside an empty Django view.
 
-Starts the stack as `make run` does (gunicorn with 2 × cores + 1 workers,
+Starts the stack as `make run` does (HAProxy, granian with 2 × cores + 1 workers,
 Celery worker and beat, Prometheus scraping /metrics every 15 s, its own
 redis-server) on PostgreSQL, registers a fleet through the API with the soak's
 machine classes, then beats it open loop (bench/fleetlib/pacer.py): every node
@@ -12,7 +12,7 @@ The run, in order, without a pause in the fleet's beating:
 
 1. steady: the fleet at its interval (10,000 nodes at 5 s is 2,000/s): offered
    and answered rate, p50/p99 from each beat's due time, errors, CPU by process
-   (gunicorn, Redis, Celery, PostgreSQL backends, Prometheus, the generator)
+   (HAProxy, the web server, Redis, Celery, PostgreSQL backends, Prometheus, the generator)
    from /proc/<pid>/stat, /metrics timed from here and by Prometheus
    (`scrape_duration_seconds`), and liveness events (false unreachable);
 2. empty: the same fleet at the same rate posting to an empty Django view
@@ -37,6 +37,7 @@ import json
 import math
 import os
 import random
+import secrets
 import shutil
 import statistics
 import sys
@@ -52,6 +53,7 @@ from agent import protocol
 from bench.fleetlib import bodies
 from bench.fleetlib.cpu import Meter, postgres_backends, tree
 from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, PhaseStats, request_tail
+from devstack import proxy
 from devstack.polling import wait_until
 from devstack.ports import free_port
 from devstack.stack import Stack, default_workers
@@ -67,7 +69,7 @@ PROMETHEUS_ACCEPT = (
     "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,"
     "text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
 )
-GROUPS = ("web", "redis", "celery", "postgres", "prometheus")
+GROUPS = ("proxy", "web", "redis", "celery", "postgres", "prometheus")
 
 
 def recreate_database(server: str) -> str:
@@ -203,6 +205,7 @@ class Run:
         part = stack.parts.get
         self.meter = Meter(
             {
+                "proxy": lambda: [part("proxy").process.pid],
                 "web": lambda: tree(part("web").process.pid),
                 "redis": lambda: [part("redis").process.pid] if part("redis") else [],
                 "celery": lambda: tree(part("celery").process.pid) if part("celery") else [],
@@ -240,6 +243,8 @@ def summary(stats: PhaseStats, cpu: dict[str, float]) -> dict:
         "unsent": stats.unsent,
         "late": stats.late,
         "cpu_us": {name: 1e6 * seconds / answered for name, seconds in cpu.items()},
+        # Cores each group kept busy through the phase, whatever it spent them on.
+        "cores": {name: seconds / stats.seconds for name, seconds in cpu.items()},
         "generator_cores": stats.cpu_seconds / stats.seconds,
         "detail": {"statuses": dict(stats.statuses), "errors": dict(stats.errors)},
     }
@@ -258,7 +263,7 @@ def main() -> int:
     )
     parser.add_argument("--generators", type=int, default=2, help="load generator processes")
     parser.add_argument(
-        "--workers", type=int, default=default_workers(), help="gunicorn workers (make run starts 2 × cores + 1)"
+        "--workers", type=int, default=default_workers(), help="web workers (make run starts 2 × cores + 1)"
     )
     args = parser.parse_args()
     if shutil.which("prometheus") is None:
@@ -275,6 +280,12 @@ def main() -> int:
             "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
             "LLMGW_JOIN_TOKEN": JOIN_TOKEN,
             "LLMGW_BENCH_EMPTY_VIEW": "true",
+            # As production runs it (docs/operations.md): DEBUG off, so its key and hosts are given;
+            # no TLS on loopback, so no redirect to it.
+            "DEBUG": "false",
+            "SECRET_KEY": secrets.token_urlsafe(50),
+            "ALLOWED_HOSTS": "127.0.0.1,localhost",
+            "SECURE_SSL_REDIRECT": "false",
             # The whole simulated fleet registers from this one address.
             "LLMGW_REGISTER_PER_MINUTE": str(max(args.nodes * 2, 100)),
             # The capacity steps beat each node faster than an agent would.
@@ -297,7 +308,11 @@ def main() -> int:
         started = time.monotonic()
         nodes = register_fleet(base, args.nodes)
         print(f"registered {len(nodes)} nodes in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        tails = [request_tail("127.0.0.1", stack.web_port, token, body) for token, body in nodes]
+        # Agents keep their connection between beats; HAProxy can hold one per node only where the
+        # machine's descriptor limit lets it (devstack/proxy.py), else every beat connects afresh.
+        keep_alive = args.nodes + 100 <= proxy.max_connections()
+        results["keep_alive"] = keep_alive
+        tails = [request_tail("127.0.0.1", stack.web_port, token, body, keep_alive) for token, body in nodes]
         body_bytes = statistics.mean(len(body) for _, body in nodes)
         # The fleet beats from here on. The sweeper (Celery) starts once every
         # node has beaten, or the first registered would be marked unreachable
@@ -414,7 +429,8 @@ def report(results: dict, args: argparse.Namespace, body_bytes: float) -> None:
         ("load_average_after", results["load_average"][1], "", None, "lower"),
     ]
     print(
-        f"\n{args.nodes} nodes every {args.interval:g} s, {args.workers} gunicorn workers, "
+        f"\n{args.nodes} nodes every {args.interval:g} s, {args.workers} web workers, "
+        f"{'connections kept between beats' if results['keep_alive'] else 'a new connection per beat'}, "
         f"{args.generators} generator processes, steady {args.seconds} s, empty view {args.empty_seconds} s; "
         f"load average {results['load_average'][0]:.1f} before, {results['load_average'][1]:.1f} after\n"
     )
@@ -423,14 +439,16 @@ def report(results: dict, args: argparse.Namespace, body_bytes: float) -> None:
     for name, value, unit, target, better in figures:
         goal = "" if target is None else f"{'≥' if better == 'higher' else '≤'} {target}"
         print(f"| {name} | {value:,.{1 if abs(value) >= 10 else 3}f} | {unit} | {goal} |")
-    print("\nCapacity steps:\n")
-    print("| offered /s | answered /s | p50 ms | p99 ms | unsent | errors | web µs | generator cores |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("\nSteady, then the capacity steps; the cores each part kept busy:\n")
+    groups = (*GROUPS, "generator")
+    print("| offered /s | answered /s | p50 ms | p99 ms | unsent | errors | web µs | " + " | ".join(groups) + " |")
+    print("| ---: " * (7 + len(groups)) + "|")
     for s in [steady, *results["steps"]]:
         print(
             f"| {s['offered_per_second']:.0f} | {s['answered_per_second']:.0f} | {s['p50_ms']:.1f} | "
             f"{s['p99_ms']:.1f} | {s['unsent']} | {s['errors']} | {s['cpu_us']['web']:.0f} | "
-            f"{s['generator_cores']:.2f} |"
+            + " | ".join(f"{s['cores'][g]:.2f}" for g in groups)
+            + " |"
         )
     print(f"\nsteady: {json.dumps(steady['detail'])}; empty: {json.dumps(empty['detail'])}")
     print(f"prometheus: {json.dumps(metrics['prometheus'])}; probe: {[round(s, 3) for s in probe]}")

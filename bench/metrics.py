@@ -1,7 +1,7 @@
 """Benchmark /metrics at 1,000 and 10,000 nodes (8 GPUs and 4 shards each).
 
-For each size: a real gunicorn worker (one, so every scrape hits the same
-process) serves /metrics over HTTP from a SQLite database and a private
+For each size: a real web worker (one granian worker, so every scrape hits the
+same process) serves /metrics over HTTP from a SQLite database and a private
 redis-server; the scrape's wall time, its size and the worker's resident
 memory are measured over several scrapes. Beside it, in the same run and on
 the same series: the time prometheus_client itself takes to serialise a

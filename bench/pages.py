@@ -5,7 +5,7 @@ directory (or uses DATABASE_URL: its figures then go to pages-<vendor>.json),
 starts a private redis-server, fills a fleet in bulk (each node with 8 GPUs,
 two filesystems, an allocation and a fresh load), and times the cluster page, its htmx table partial and the node page
 through Django's full request handling (middleware, session, templates) in this
-process: the time a gunicorn worker would spend, without the network.
+process: the time a web worker would spend, without the network.
 
 The fleet's CPU, RAM and GPU totals are shared through Redis for 5 s, so most
 requests read them and one request in each 5 s recomputes them; both cases are

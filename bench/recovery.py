@@ -3,7 +3,7 @@
     python -m bench.recovery [--nodes 10000] [--outage 120] [--interval 5]
 
 The stack starts as `make run` starts it (devstack.stack: its own Redis,
-gunicorn with 2 × cores + 1 workers, Celery worker with beat) on PostgreSQL
+granian with 2 × cores + 1 workers, Celery worker with beat) on PostgreSQL
 (BENCH_POSTGRES, default postgres://postgres@127.0.0.1:5432, database
 llmgw_bench_recovery, recreated). The fleet is bench/soaklib/fleet.py's: every
 node registers, then beats every interval on its own timer with a realistic
@@ -125,7 +125,7 @@ class Run:
             print(f"all alive before the outage: {warm} ({counts})", file=sys.stderr)
 
             stopped_at = time.time()
-            # The gunicorn instance behind the proxy goes; HAProxy stays and answers 503 meanwhile.
+            # The web server behind the proxy goes; HAProxy stays and answers 503 meanwhile.
             await asyncio.to_thread(self.stack.stop, "web")
             print(f"web tier stopped for {a.outage:g} s", file=sys.stderr)
             most_unreachable = 0

@@ -4,7 +4,7 @@
     python -m bench.scaleout --nodes 200 --interval 2 --seconds 30 \\
         --unreachable-after 10 --private-postgres --out DIR                  # tests/test_proxy_scaleout.py
 
-The stack starts as `make run` starts it (devstack.stack) but with two gunicorn
+The stack starts as `make run` starts it (devstack.stack) but with two granian
 instances on their own ports, as two web hosts would be, sharing one PostgreSQL and
 one Redis, behind the same HAProxy (deploy/haproxy.cfg). A simulated fleet
 (bench/soaklib/fleet.py, the real protocol) beats through the proxy and, like the
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=2000)
     parser.add_argument("--interval", type=float, default=5.0, help="heartbeat interval, seconds")
     parser.add_argument("--seconds", type=float, default=60.0, help="measured window; the kill is at a third")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers per instance")
+    parser.add_argument("--workers", type=int, default=2, help="web workers per instance")
     parser.add_argument("--unreachable-after", type=float, default=30.0)
     parser.add_argument("--beat-period", type=float, default=2.0, help="seconds between stale-marking sweeps")
     parser.add_argument("--private-postgres", action="store_true", help="a throw-away PostgreSQL on a free port")

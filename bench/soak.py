@@ -5,7 +5,7 @@
         --unreachable-after 10 --lost-after 40              # what tests/test_soak_short.py runs
 
 The stack starts as `make run` starts it (devstack.stack: its own Redis,
-gunicorn, Celery worker with beat, Prometheus) on free ports in a temporary
+granian, Celery worker with beat, Prometheus) on free ports in a temporary
 directory, with production settings (DEBUG off, as if behind TLS), on
 PostgreSQL. The simulated fleet speaks the real protocol (bench/soaklib/fleet.py);
 real agents run beside it, two of them with their clocks ten minutes off. On a
@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--beat-period", type=float, default=5.0, help="seconds between stale-marking sweeps")
     parser.add_argument("--redis-outage", type=float, default=30.0, help="seconds Redis stays stopped")
     parser.add_argument(
-        "--workers", type=int, default=default_workers(), help="gunicorn workers (make run starts 2 × cores + 1)"
+        "--workers", type=int, default=default_workers(), help="web workers (make run starts 2 × cores + 1)"
     )
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/llmgw_soak")
@@ -498,7 +498,7 @@ class Soak:
                 "unreachable_after_s": a.unreachable_after,
                 "lost_after_s": a.lost_after,
                 "redis_outage_s": a.redis_outage,
-                "gunicorn_workers": a.workers,
+                "web_workers": a.workers,
                 "database": "private PostgreSQL" if a.private_postgres else a.database_url,
                 "faults": sorted(self.faults),
             },

@@ -44,7 +44,7 @@ def main() -> int:
     print(f"  admin          {base}/admin/")
     print(f"  fleet metrics  {base}/metrics")
     backends = ", ".join(f"127.0.0.1:{b.port}" for b in stack.backends)
-    print(f"  proxy          HAProxy at {base}, in front of gunicorn at {backends} ({stack.var / 'haproxy.cfg'})")
+    print(f"  proxy          HAProxy at {base}, in front of granian at {backends} ({stack.var / 'haproxy.cfg'})")
     if "prometheus" in stack.parts:
         print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
     print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))

@@ -1,11 +1,12 @@
-"""HAProxy in front of the stack's gunicorn instances: its config from deploy/haproxy.cfg, and its state.
+"""HAProxy in front of the stack's web server instances: its config from deploy/haproxy.cfg, and its state.
 
-The stack's public port is HAProxy's; each gunicorn instance binds a loopback port
+The stack's public port is HAProxy's; each web server instance binds a loopback port
 that only HAProxy uses, as each would be a host of its own in production.
 """
 
 from __future__ import annotations
 
+import resource
 import shutil
 import socket
 from dataclasses import dataclass
@@ -13,11 +14,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "haproxy.cfg"
+# What deploy/haproxy.cfg asks of a production host: one connection per node of a 10,000-node fleet, twice over.
+PRODUCTION_MAXCONN = 20_000
 
 
 @dataclass(frozen=True)
 class Backend:
-    """One gunicorn instance as HAProxy sees it: a name, a port and how many requests it takes at once."""
+    """One web server instance as HAProxy sees it: a name, a port and how many requests it takes at once."""
 
     name: str
     port: int
@@ -32,12 +35,27 @@ def haproxy_binary() -> str:
     return found
 
 
+def max_connections() -> int:
+    """The production `maxconn`, or as many connections as this machine's file descriptor limit allows.
+
+    HAProxy raises its own soft limit to the hard one and needs two descriptors
+    per connection (the client's and a server's) and a few more; asked for more
+    than it can have, it refuses to start. A sandbox's hard limit (20,000 on
+    the project's machines) holds 9,950 connections.
+    """
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        return PRODUCTION_MAXCONN
+    return max(min(PRODUCTION_MAXCONN, (hard - 100) // 2), 100)
+
+
 def render(bind: str, backends: list[Backend], stats_socket: Path, template: str | None = None) -> str:
     """deploy/haproxy.cfg with its placeholders filled; a placeholder left over is a mistake, not a default."""
     text = TEMPLATE.read_text() if template is None else template
-    # One request per sync worker at a time: the rest wait in HAProxy's queue, not in gunicorn's backlog.
+    # One request per web worker at a time: the rest wait in HAProxy's queue, not in the server's backlog.
     servers = "\n".join(f"    server {b.name} 127.0.0.1:{b.port} maxconn {b.workers}" for b in backends)
-    for name, value in {"bind": bind, "servers": servers, "stats_socket": str(stats_socket)}.items():
+    fields = {"bind": bind, "servers": servers, "stats_socket": str(stats_socket), "maxconn": str(max_connections())}
+    for name, value in fields.items():
         text = text.replace("{{" + name + "}}", value)
     if "{{" in text:
         raise ValueError(f"unfilled placeholder in {TEMPLATE}: {text[text.index('{{') :].splitlines()[0]}")

@@ -1,8 +1,8 @@
-"""The whole llmgw stack as named processes: Redis, HAProxy, gunicorn, Celery worker and beat, Prometheus, an agent.
+"""The whole llmgw stack as named processes: Redis, HAProxy, granian, Celery worker and beat, Prometheus, an agent.
 
 `make run` (`python -m devstack`) starts them all. Clients reach the web tier only
 through HAProxy (devstack/proxy.py, deploy/haproxy.cfg) on `web_port`, which reads
-whole requests before a gunicorn worker is spent on one; each gunicorn instance
+whole requests before a web worker is spent on one; each web server instance
 binds a loopback port of its own that only HAProxy uses. Each part has its log under
 var/log/, so tests, benchmarks and the soak can start, kill and restart parts
 one by one through the same `Stack`.
@@ -57,7 +57,7 @@ class Stack:
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
         self.env.setdefault("LLMGW_VAR_DIR", str(var_dir))
         self.env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
-        # Clients' port, HAProxy's; gunicorn instances each take a free one behind it.
+        # Clients' port, HAProxy's; web server instances each take a free one behind it.
         self.web_port = web_port
         # HAProxy adds the one X-Forwarded-For entry the control plane may trust.
         self.env.setdefault("LLMGW_PROXY_HOPS", "1")
@@ -107,24 +107,17 @@ class Stack:
         )
 
     def web_part(self, instance: int = 0) -> Part:
-        """gunicorn instance `instance` (named "web", "web-1", …) on its own port behind the proxy."""
+        """Web server instance `instance` (named "web", "web-1", …) on its own port behind the proxy.
+
+        Granian (docs/operations.md, "The web server"): its workers each run one
+        request at a time on one Python thread, as HAProxy's per-server `maxconn`
+        expects, while the HTTP work is done in Rust and connections from HAProxy
+        are kept open between requests.
+        """
         backend = self.backends[instance]
         return Part(
             backend.name,
-            [
-                str(BIN / "gunicorn"),
-                "llmgw_site.wsgi",
-                "--workers",
-                str(self.workers),
-                "--bind",
-                f"127.0.0.1:{backend.port}",
-                "--access-logfile",
-                "-",
-                "--logger-class",
-                "llmgw_site.gunicorn_logging.AccessLog",
-                "--graceful-timeout",
-                "5",
-            ],
+            web_server_command(backend.port, self.workers),
             ready=lambda: port_open(backend.port),
         )
 
@@ -138,7 +131,7 @@ class Stack:
         )
 
     def start_web(self) -> None:
-        """Every gunicorn instance, then the proxy in front of them: what clients reach at `web_port`."""
+        """Every web server instance, then the proxy in front of them: what clients reach at `web_port`."""
         for instance in range(len(self.backends)):
             self.start(self.web_part(instance))
         self.start(self.proxy_part())
@@ -283,8 +276,36 @@ def ensure_admin_arguments(password: str) -> list[str]:
 
 
 def default_workers() -> int:
-    """Gunicorn's rule of thumb, 2 × cores + 1: a sync worker waiting on Redis or the database leaves its core idle."""
+    """2 × cores + 1: a worker waiting on Redis or the database leaves its core idle."""
     return 2 * (os.cpu_count() or 1) + 1
+
+
+def web_server_command(port: int, workers: int) -> list[str]:
+    """The web server as production runs it on one host (docs/operations.md, "A production deployment")."""
+    return [
+        str(BIN / "granian"),
+        "--interface",
+        "wsgi",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        # One request at a time per worker, as HAProxy's per-server maxconn counts them.
+        "--blocking-threads",
+        "1",
+        "--http",
+        "1",
+        "--no-ws",
+        # A worker that dies is replaced rather than leaving the host a worker short.
+        "--respawn-failed-workers",
+        "--workers-kill-timeout",
+        "5",
+        # The application writes its own access log (llmgw_site/access_log.py).
+        "--no-access-log",
+        "llmgw_site.wsgi:application",
+    ]
 
 
 def redis_answers(url: str) -> bool:

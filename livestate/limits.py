@@ -1,6 +1,6 @@
 """Fixed-window counters behind the agent API's rate limits.
 
-The counters live in Redis, so a limit holds across every gunicorn worker and
+The counters live in Redis, so a limit holds across every web worker and
 every web machine: a per-process counter would let N workers accept N times
 the limit. Windows are fixed minutes (INCR, then EXPIRE on the first hit),
 which is coarse but costs one round trip. The beat script counts heartbeats on

@@ -1,6 +1,6 @@
 """The control plane's own counters, shared by every web and Celery process.
 
-Kept in one Redis hash rather than in each process's memory: gunicorn runs
+Kept in one Redis hash rather than in each process's memory: the web server runs
 several workers and Celery another, and a scrape reaches only one of them.
 Writers add their increments to a pipeline they already send (the heartbeat
 path costs no extra round trip); /metrics reads the hash in the same round

@@ -97,9 +97,9 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # POST /api/v1/heartbeat never reaches this chain: llmgw_site/wsgi.py answers it first (web/api/fastpath.py).
+    "llmgw_site.access_log.AccessLogMiddleware",
     "django.middleware.security.SecurityMiddleware",
-    # POST /api/v1/heartbeat leaves the chain here: the rest serves people, not agents.
-    "web.api.fastpath.HeartbeatFastPath",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "llmgw_site.security.SecurityHeadersMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -244,7 +244,7 @@ LOGGING = {
     "loggers": {"django.db.backends": {"level": "WARNING"}, "axes": {"level": "WARNING"}},
 }
 
-# WhiteNoise serves the static files from the same gunicorn that serves pages,
+# WhiteNoise serves the static files from the same web server that serves pages,
 # so `make run` needs no separate web server for them.
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},

@@ -3,7 +3,7 @@
 With --url it photographs a stack that is already running (log in with --user
 and --password, or the password `make run` kept in var/admin-password). Without
 it, it starts a demo stack of its own on free ports in a temporary directory
-(redis, gunicorn, prometheus, as `make run` does), fills it with a demo fleet,
+(redis, granian, prometheus, as `make run` does), fills it with a demo fleet,
 waits for Prometheus to scrape it a few times, and stops it afterwards.
 
 Browsers: Debian's chromium driven by the playwright package, as in the tests.

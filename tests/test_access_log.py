@@ -1,9 +1,8 @@
-"""The access log of a real gunicorn: pages and refusals are logged, agents' accepted calls are not."""
+"""The access log of the real web server: pages and refusals are logged, agents' accepted calls are not."""
 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,10 +10,10 @@ import requests
 
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
-from llmgw_site.gunicorn_logging import worth_logging
+from devstack.stack import web_server_command
+from llmgw_site.access_log import worth_logging
 
 ROOT = Path(__file__).resolve().parent.parent
-GUNICORN = Path(sys.executable).parent / "gunicorn"
 
 
 def test_only_the_agent_apis_successful_posts_are_left_out():
@@ -28,7 +27,7 @@ def test_only_the_agent_apis_successful_posts_are_left_out():
 
 
 @pytest.mark.slow
-def test_a_real_gunicorn_logs_with_it(tmp_path, redis_server):
+def test_the_web_server_as_the_stack_runs_it_logs_with_it(tmp_path, redis_server):
     url = redis_server if isinstance(redis_server, str) else redis_server.url
     port = free_port()
     log = tmp_path / "access.log"
@@ -38,18 +37,20 @@ def test_a_real_gunicorn_logs_with_it(tmp_path, redis_server):
         "REDIS_URL": url,
         "LLMGW_BENCH_EMPTY_VIEW": "true",
     }
-    command = [str(GUNICORN), "llmgw_site.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
-    command += ["--access-logfile", str(log), "--logger-class", "llmgw_site.gunicorn_logging.AccessLog"]
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with log.open("wb") as output:
+        server = subprocess.Popen(
+            web_server_command(port, 1), cwd=ROOT, env=env, stdout=output, stderr=subprocess.STDOUT
+        )
     try:
-        wait_until(lambda: port_open(port), 30, "gunicorn listening")
+        wait_until(lambda: port_open(port), 30, "the web server listening")
         base = f"http://127.0.0.1:{port}"
         assert requests.post(f"{base}/api/v1/bench-empty", data=b"{}", timeout=10).status_code == 200
         assert requests.post(f"{base}/api/v1/heartbeat", data=b"{}", timeout=10).status_code == 415
         assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
         wait_until(lambda: "/healthz" in log.read_text(), 10, "the access line of /healthz")
-        lines = log.read_text().splitlines()
-        assert any("/api/v1/heartbeat" in line and " 415 " in line for line in lines)
+        lines = [line for line in log.read_text().splitlines() if "llmgw.access" in line]
+        assert any('"POST /api/v1/heartbeat" 415 ' in line for line in lines), lines
+        assert any('"GET /healthz" 200 ' in line for line in lines), lines
         assert not any("/api/v1/bench-empty" in line for line in lines)
     finally:
         server.terminate()

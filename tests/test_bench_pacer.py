@@ -29,11 +29,48 @@ class _Ok(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def answering():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+class _KeepsAlive(BaseHTTPRequestHandler):
+    """Answers on the same connection as long as the client keeps it, counting the connections it accepts."""
+
+    protocol_version = "HTTP/1.1"
+    connections = 0
+    lock = threading.Lock()
+
+    def setup(self):
+        super().setup()
+        with _KeepsAlive.lock:
+            _KeepsAlive.connections += 1
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args):
+        pass
+
+
+def serve(handler):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture
+def answering():
+    server = serve(_Ok)
+    yield server.server_port
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def keeping_alive():
+    _KeepsAlive.connections = 0
+    server = serve(_KeepsAlive)
     yield server.server_port
     server.shutdown()
     server.server_close()
@@ -48,8 +85,8 @@ def silent():
         yield listener.getsockname()[1]
 
 
-def fleet_at(port: int) -> PacedFleet:
-    tails = [request_tail("127.0.0.1", port, f"node-{i}.secret", b"{}") for i in range(NODES)]
+def fleet_at(port: int, keep_alive: bool = False) -> PacedFleet:
+    tails = [request_tail("127.0.0.1", port, f"node-{i}.secret", b"{}", keep_alive) for i in range(NODES)]
     return PacedFleet("127.0.0.1", port, tails, INTERVAL, workers=1)
 
 
@@ -83,3 +120,17 @@ def test_slots_that_cannot_be_sent_are_counted_unsent(silent, monkeypatch):
     sent = stats.offered - stats.unsent
     assert sum(stats.errors.values()) == sent, "every beat sent was answered or failed"
     assert set(stats.errors) <= {"timeout", "TimeoutError"}
+
+
+def test_each_node_keeps_its_connection_between_beats_as_the_agent_does(keeping_alive):
+    fleet = fleet_at(keeping_alive, keep_alive=True)
+    try:
+        fleet.start(Phase("measured", HEARTBEAT, INTERVAL, SECONDS))
+        stats = fleet.collect("measured")
+    finally:
+        fleet.close()
+    assert stats.answered == stats.offered > 3 * NODES
+    assert stats.nodes == set(range(NODES))
+    # One connection per node, whatever the number of beats (a few more if a beat fell due while
+    # the node's previous one was still being answered).
+    assert NODES <= _KeepsAlive.connections <= NODES + 5, _KeepsAlive.connections

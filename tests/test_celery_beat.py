@@ -1,4 +1,4 @@
-"""End to end: a real gunicorn, Celery worker and beat on the test Redis mark a silent node unreachable, then lost.
+"""End to end: a real granian, Celery worker and beat on the test Redis mark a silent node unreachable, then lost.
 
 The stack runs on a SQLite file of its own, with the thresholds shortened
 through the environment; the test reads the node's liveness from that file.

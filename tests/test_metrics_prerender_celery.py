@@ -1,4 +1,4 @@
-"""End to end: a real Celery beat renders /metrics ahead, and gunicorn answers Prometheus' scrape from the render."""
+"""End to end: a real Celery beat renders /metrics ahead, and granian answers Prometheus' scrape from the render."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A maintenance script against the real stack: cordon a labelled rack, drain it with --wait while
 its replicas are rebuilt on the other rack, uncordon; checked against the database and node history.
 
-The stack is gunicorn and Celery (beat included) as `make run` starts them; the
+The stack is granian and Celery (beat included) as `make run` starts them; the
 nodes are simulated agents speaking the real protocol; the script is the real
 `llmgw` command in its own process, logged in with a token made on the Tokens page.
 """

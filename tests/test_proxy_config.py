@@ -50,4 +50,14 @@ def test_a_whole_body_and_its_headers_fit_in_one_buffer(tmp_path):
 
 def test_a_placeholder_left_unfilled_is_an_error_not_a_default(tmp_path):
     with pytest.raises(ValueError, match="unfilled placeholder"):
-        proxy.render("127.0.0.1:1", BACKENDS, tmp_path / "s", template="bind {{bind}}\nmaxconn {{maxconn}}\n")
+        proxy.render("127.0.0.1:1", BACKENDS, tmp_path / "s", template="bind {{bind}}\ntimeout {{timeout}}\n")
+
+
+def test_maxconn_is_the_fleets_where_descriptors_allow_and_what_fits_where_not(tmp_path, monkeypatch):
+    monkeypatch.setattr(proxy.resource, "getrlimit", lambda which: (1024, 1_048_576))
+    assert proxy.max_connections() == proxy.PRODUCTION_MAXCONN
+    assert setting(rendered(tmp_path), "maxconn") == proxy.PRODUCTION_MAXCONN
+    # Two descriptors per connection and some to spare: HAProxy would refuse to start with more.
+    monkeypatch.setattr(proxy.resource, "getrlimit", lambda which: (1024, 20_000))
+    assert 2 * proxy.max_connections() < 20_000
+    assert proxy.max_connections() > 9_000

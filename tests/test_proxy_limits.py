@@ -1,4 +1,4 @@
-"""The proxy's limits, through the stack as `make run` starts it (HAProxy, one gunicorn worker behind it).
+"""The proxy's limits, through the stack as `make run` starts it (HAProxy, one web worker behind it).
 
 One worker makes a held worker visible: any request the proxy let through before it
 was whole would keep every other request waiting.
@@ -143,5 +143,5 @@ def test_each_agent_address_is_limited_on_its_own_and_a_forged_forwarded_for_cha
     first = [register("127.0.0.7", f"10.9.9.{i}") for i in range(REGISTER_PER_MINUTE + 1)]
     assert first[-1] == 429, first
     assert 429 not in first[:-1], first
-    # Another agent's address has its own budget, though both reach gunicorn from the proxy.
+    # Another agent's address has its own budget, though both reach the web server from the proxy.
     assert register("127.0.0.8", "127.0.0.7") != 429

@@ -1,10 +1,10 @@
-"""Slow clients at the proxy while a fleet beats: none of them reaches a gunicorn worker.
+"""Slow clients at the proxy while a fleet beats: none of them reaches a web worker.
 
 Ten connections that send a heartbeat's request line and then one header line
 every 3 s, never finishing (and open again as soon as they are cut), held every
 sync worker when gunicorn faced clients itself: every heartbeat timed out and
 healthy nodes were marked unreachable. The stack starts as `make run` starts it
-(HAProxy in front of gunicorn, the Celery worker and beat sweeping), with short
+(HAProxy in front of granian, the Celery worker and beat sweeping), with short
 thresholds so that a node falsely unreachable would show within the test.
 """
 

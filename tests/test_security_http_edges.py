@@ -18,10 +18,10 @@ import requests
 from agent import protocol
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
+from devstack.stack import web_server_command
 from tests.agentapi import JOIN_TOKEN, a_load, register
 
 ROOT = Path(__file__).resolve().parent.parent
-GUNICORN = Path(sys.executable).parent / "gunicorn"
 
 
 def chunked_post(client, path: str, body: bytes, token: str, terminated: bool):
@@ -84,7 +84,7 @@ def test_post_to_healthz_is_still_refused(client):
 
 
 @pytest.mark.slow
-def test_a_real_gunicorn_reads_a_chunked_heartbeat_and_answers_head(tmp_path, redis_server):
+def test_the_real_web_server_reads_a_chunked_heartbeat_and_answers_head(tmp_path, redis_server):
     url = redis_server if isinstance(redis_server, str) else redis_server.url
     env = {
         "PATH": "/usr/bin:/bin",
@@ -95,10 +95,10 @@ def test_a_real_gunicorn_reads_a_chunked_heartbeat_and_answers_head(tmp_path, re
     manage = [sys.executable, "manage.py", "migrate", "--verbosity", "0"]
     subprocess.run(manage, cwd=ROOT, env=env, check=True, timeout=120)
     port = free_port()
-    command = [str(GUNICORN), "llmgw_site.wsgi", "--bind", f"127.0.0.1:{port}", "--workers", "1"]
+    command = web_server_command(port, 1)
     server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_until(lambda: port_open(port), 30, "gunicorn listening")
+        wait_until(lambda: port_open(port), 30, "the web server listening")
         base = f"http://127.0.0.1:{port}"
         head = requests.head(f"{base}/healthz", timeout=10)
         assert head.status_code == 200 and head.content == b""

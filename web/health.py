@@ -5,7 +5,7 @@ from django.http import JsonResponse
 from django.views.decorators.http import require_safe
 
 # require_safe: load balancers probe with HEAD as well as GET. The WSGI server
-# (gunicorn, runserver) sends a HEAD answer's status and headers without its body.
+# (granian, runserver) sends a HEAD answer's status and headers without its body.
 import livestate
 
 

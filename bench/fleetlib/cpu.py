@@ -1,8 +1,8 @@
 """CPU time by process group, from /proc/<pid>/stat, so each part's share of a heartbeat can be told apart.
 
-A group is a set of root processes and all their descendants (gunicorn's master
-and workers, Celery's worker and its pool), or PostgreSQL backends serving one
-database, found by their process title. A process that exits between two
+A group is a set of root processes and all their descendants (granian's main
+process and workers, Celery's worker and its pool), or PostgreSQL backends
+serving one database, found by their process title. A process that exits between two
 readings takes its CPU with it; the bench's groups keep theirs for the run.
 """
 

@@ -4,9 +4,12 @@ A closed loop (wrk, or N clients each waiting for its answer) slows down with
 the server and so never offers more than it can take; a real fleet does not
 wait. Here each node has a random phase within the interval and a due time
 for every beat. A worker process keeps the fleet's due times in a heap and,
-on each turn of its asyncio loop, sends every beat that is due on a fresh
-connection (gunicorn's sync workers close each one anyway, as they do an
-agent's). Every slot is counted: sent on time, sent late (more than
+on each turn of its asyncio loop (uvloop's), sends every beat that is due.
+A node keeps its connection from beat to beat, as the agent's
+`requests.Session` does, unless its request tail says `Connection: close`
+(`request_tail(..., keep_alive=False)`): then each beat connects afresh,
+which costs the proxy and the generator an accept and a close per beat.
+Every slot is counted: sent on time, sent late (more than
 `LATE_AFTER` behind its due time: the generator itself fell behind), or not
 sent at all because `MAX_IN_FLIGHT` requests were already waiting (the server
 is not answering). Latency is measured from the due time, not from the send,
@@ -32,6 +35,8 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+
+import uvloop
 
 HEARTBEAT = "/api/v1/heartbeat"
 LATE_AFTER = 0.5  # seconds behind the due time
@@ -83,35 +88,87 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-class _Exchange(asyncio.Protocol):
-    """One request on its own connection; the answer ends when the server closes it."""
+class _Beat:
+    """One heartbeat in flight: whose it is, when it was due, and the phase it counts in."""
 
-    __slots__ = ("chunks", "due", "node", "pacer", "request", "stats", "timed_out", "timer", "transport")
+    __slots__ = ("due", "node", "stats")
 
-    def __init__(self, pacer: _Pacer, node: int, request: bytes, due: float, stats: PhaseStats):
-        self.pacer, self.node, self.request, self.due, self.stats = pacer, node, request, due, stats
-        self.chunks: list[bytes] = []
-        self.transport = None
-        self.timer = None
+    def __init__(self, node: int, due: float, stats: PhaseStats):
+        self.node, self.due, self.stats = node, due, stats
+
+
+class _Connection(asyncio.Protocol):
+    """A node's connection, kept open from beat to beat as the agent's `requests.Session` keeps it.
+
+    An answer ends at its `Content-Length`; the connection then waits for the
+    node's next beat, unless the server said `Connection: close` or closed it
+    (the next beat connects afresh).
+    """
+
+    __slots__ = ("beat", "beat_done", "buffer", "closing", "pacer", "timed_out", "timer", "transport")
+
+    def __init__(self, pacer: _Pacer):
+        self.pacer = pacer
+        self.transport: asyncio.Transport | None = None
+        self.beat: _Beat | None = None
+        self.buffer = b""
+        self.timer: asyncio.TimerHandle | None = None
         self.timed_out = False
+        self.closing = False
+
+    @property
+    def idle(self) -> bool:
+        return self.beat is None and not self.closing and self.transport is not None
+
+    def send(self, request: bytes, beat: _Beat) -> None:
+        self.beat = beat
+        self.timer = self.pacer.loop.call_later(TIMEOUT, self.abort)
+        self.transport.write(request)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
-        self.chunks.append(data)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        head = self.chunks[0] if self.chunks else b""
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0 or self.beat is None:
+            return
+        head = self.buffer[:end].lower()
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"connection" and value.strip() == b"close":
+                self.closing = True
+        if len(self.buffer) < end + 4 + length:
+            return
         try:
             status = int(head.split(b" ", 2)[1])
         except (IndexError, ValueError):
-            self.pacer.failed(self.stats, "timeout" if self.timed_out else "no answer")
-            return
-        self.pacer.answered(self.stats, self.node, status, self.due)
+            status = 0
+        self.buffer = self.buffer[end + 4 + length :]
+        self._finish()
+        self.pacer.answered(self.beat_done, status)
+        if self.closing:
+            self.transport.close()
+
+    def _finish(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.beat_done, self.beat = self.beat, None
+
+    def abort(self) -> None:
+        self.timed_out = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        if self.beat is not None:
+            self._finish()
+            self.pacer.failed(self.beat_done.stats, "timeout" if self.timed_out else "no answer")
 
 
 class _Pacer:
@@ -133,6 +190,8 @@ class _Pacer:
         self.phase_started = 0.0
         self.outbox: list[PhaseStats] = []
         self.stopping = False
+        # Each node's open connection, by its index in `tails`.
+        self.connections: dict[int, _Connection] = {}
 
     # -- called by the control thread, in the loop --------------------------------------------
 
@@ -154,14 +213,15 @@ class _Pacer:
 
     # -- the exchanges' callbacks ----------------------------------------------------------------
 
-    def answered(self, stats: PhaseStats, node: int, status: int, due: float) -> None:
+    def answered(self, beat: _Beat, status: int) -> None:
+        stats = beat.stats
         self.in_flight -= 1
         stats.in_flight -= 1
         stats.statuses[status] += 1
         if 200 <= status < 300:
             stats.answered += 1
-            stats.nodes.add(self.indices[node])
-            stats.latencies.append(time.monotonic() - due)
+            stats.nodes.add(self.indices[beat.node])
+            stats.latencies.append(time.monotonic() - beat.due)
 
     def failed(self, stats: PhaseStats, why: str) -> None:
         self.in_flight -= 1
@@ -181,15 +241,26 @@ class _Pacer:
         self.in_flight += 1
         stats.in_flight += 1
         request = b"POST " + self.current_phase.path.encode() + self.tails[index]
-        self.loop.create_task(self._connect(_Exchange(self, index, request, due, stats)))
-
-    async def _connect(self, exchange: _Exchange) -> None:
-        try:
-            await asyncio.wait_for(self.loop.create_connection(lambda: exchange, self.host, self.port), TIMEOUT)
-        except (OSError, TimeoutError) as exc:
-            self.failed(exchange.stats, type(exc).__name__)
+        beat = _Beat(index, due, stats)
+        connection = self.connections.get(index)
+        if connection is not None and connection.idle:
+            connection.send(request, beat)
             return
-        exchange.timer = self.loop.call_later(TIMEOUT, _abort, exchange)
+        # The node's connection is closed, or still waiting on its previous beat (an open
+        # loop sends on time regardless): this beat goes on a new one, kept for the next.
+        self.loop.create_task(self._connect(index, request, beat))
+
+    async def _connect(self, index: int, request: bytes, beat: _Beat) -> None:
+        connection = _Connection(self)
+        try:
+            await asyncio.wait_for(self.loop.create_connection(lambda: connection, self.host, self.port), TIMEOUT)
+        except (OSError, TimeoutError) as exc:
+            self.failed(beat.stats, type(exc).__name__)
+            return
+        previous = self.connections.get(index)
+        if previous is None or not previous.idle:
+            self.connections[index] = connection
+        connection.send(request, beat)
 
     async def run(self) -> None:
         while not self.stopping:
@@ -212,12 +283,6 @@ class _Pacer:
             else:
                 keep.append((stats, deadline))
         self.finished = keep
-
-
-def _abort(exchange: _Exchange) -> None:
-    if exchange.transport is not None and not exchange.transport.is_closing():
-        exchange.timed_out = True
-        exchange.transport.abort()
 
 
 def _worker(
@@ -254,14 +319,16 @@ def _worker(
         await pacer.run()
         sender.cancel()
 
-    asyncio.run(main())
+    # uvloop: each beat costs the generator less CPU, which here is the control plane's CPU too.
+    uvloop.run(main())
 
 
-def request_tail(host: str, port: int, token: str, body: bytes) -> bytes:
+def request_tail(host: str, port: int, token: str, body: bytes, keep_alive: bool = True) -> bytes:
     """Everything of a request after "POST <path>": the node's headers and body."""
+    close = "" if keep_alive else "Connection: close\r\n"
     return (
         f" HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n{close}\r\n"
     ).encode() + body
 
 

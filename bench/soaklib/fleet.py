@@ -12,8 +12,9 @@ inventory the control plane last acknowledged and when a load may last have
 been stored, which is what the soak's end checks compare against.
 
 The HTTP client is a few lines over asyncio streams (HTTP/1.0, one connection
-per request, as gunicorn's sync workers close them anyway): no package beyond
-the agent's own, and cheap enough that 2,000 nodes cost the machine little.
+per request, as an agent whose connection the proxy closed would open a new
+one): no package beyond the agent's own, and cheap enough that 2,000 nodes cost
+the machine little.
 """
 
 from __future__ import annotations
@@ -240,7 +241,7 @@ class Fleet:
             node.rng = random.Random(rng.random())
         self.by_id = {node.node_id: node for node in self.nodes}
         self.requests: list[Request] = []
-        # Bounds the connections open at once, below gunicorn's listen backlog.
+        # Bounds the connections open at once, below the listen backlog of the server it connects to.
         self.gate = asyncio.Semaphore(concurrency)
         self.stopping = asyncio.Event()
         self.inventory_changes = 0

@@ -33,12 +33,14 @@ def markdown(result: dict) -> str:
     s, c, m = result["settings"], result["checks"], result["machine"]
     beats = c["heartbeats"]
     rate = beats["error_rate_outside_outages"]
+    # Reports written before granian replaced gunicorn (docs/soak/latest.json is one) say "gunicorn_workers".
+    workers = s.get("web_workers", s.get("gunicorn_workers"))
     lines = [
         f"# Soak report — {result['date']}",
         "",
         f"**{'PASSED' if result['ok'] else 'FAILED'}**: {s['minutes']:g} minutes, {s['nodes']} simulated nodes "
         f"and {s['agents']} real agents on {s['interval_s']:g} s beats; unreachable after "
-        f"{s['unreachable_after_s']:g} s, lost after {s['lost_after_s']:g} s; {s['gunicorn_workers']} gunicorn "
+        f"{s['unreachable_after_s']:g} s, lost after {s['lost_after_s']:g} s; {workers} web "
         f"workers; {s['database']}.",
         f"Machine: {m['host']}, {m['cpus']} CPUs, {m['memory_gib']} GiB, Python {m['python']}; load average at the "
         f"end {m['load_average_at_end']} (shared with other work, so latencies are noisy).",

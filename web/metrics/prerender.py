@@ -3,7 +3,7 @@
 At 10,000 nodes a scrape reads some 100,000 inventory rows and 10,000 loads and
 writes 35 MB of text: about 0.4 s of a web worker's CPU on an idle machine, and
 1–3 s of wall time while the same workers answer 2,000 heartbeats a second,
-since the scrape waits for a core like every request (and holds a sync worker
+since the scrape waits for a core like every request (and holds a web worker
 that heartbeats queue behind). So `web.tasks.render_metrics` renders the
 fleet's families every LLMGW_METRICS_RENDER_PERIOD seconds in the Celery
 worker, in the format Prometheus asks for (OpenMetrics 1.0.0), gzipped, and
