@@ -1,6 +1,6 @@
 """A paced fleet of real-sized heartbeats against the stack as `make run` starts it, beside an empty Django view.
 
-Starts the stack as `make run` does (HAProxy, granian with 2 × cores + 1 workers,
+Starts the stack as `make run` does (HAProxy, granian with cores + 1 workers,
 Celery worker and beat, Prometheus scraping /metrics every 15 s, its own
 redis-server) on PostgreSQL, registers a fleet through the API with the soak's
 machine classes, then beats it open loop (bench/fleetlib/pacer.py): every node
@@ -183,6 +183,18 @@ def prometheus_scrapes(port: int, since: float, until: float) -> dict:
     return figures
 
 
+def prometheus_rule_groups(port: int) -> dict[str, float]:
+    """Seconds Prometheus' last evaluation of each rule group took, from its own /metrics."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    durations = {}
+    for line in text.splitlines():
+        if line.startswith("prometheus_rule_group_last_duration_seconds{"):
+            labels, value = line.rsplit(" ", 1)
+            group = labels.split('rule_group="', 1)[1].split('"', 1)[0]
+            durations[group.rsplit(";", 1)[-1]] = float(value)
+    return durations
+
+
 def liveness_events(stack: Stack, since: float, until: float) -> dict:
     """Liveness changes between two times, nodes alive now."""
     script = (
@@ -263,7 +275,7 @@ def main() -> int:
     )
     parser.add_argument("--generators", type=int, default=2, help="load generator processes")
     parser.add_argument(
-        "--workers", type=int, default=default_workers(), help="web workers (make run starts 2 × cores + 1)"
+        "--workers", type=int, default=default_workers(), help="web workers (make run starts cores + 1)"
     )
     args = parser.parse_args()
     if shutil.which("prometheus") is None:
@@ -351,6 +363,7 @@ def main() -> int:
             "samples": probe.samples,
             "failures": probe.failures,
             "prometheus": prometheus_scrapes(prometheus, since, until),
+            "rule_groups": prometheus_rule_groups(prometheus),
         }
         stats, cpu, _, _ = run.phase(Phase("empty", EMPTY, args.interval, args.empty_seconds))
         results["empty"] = summary(stats, cpu)
@@ -452,6 +465,7 @@ def report(results: dict, args: argparse.Namespace, body_bytes: float) -> None:
         )
     print(f"\nsteady: {json.dumps(steady['detail'])}; empty: {json.dumps(empty['detail'])}")
     print(f"prometheus: {json.dumps(metrics['prometheus'])}; probe: {[round(s, 3) for s in probe]}")
+    print(f"prometheus rule groups, seconds per evaluation: {json.dumps(metrics['rule_groups'])}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(
         json.dumps(

@@ -3,7 +3,7 @@
     python -m bench.recovery [--nodes 10000] [--outage 120] [--interval 5]
 
 The stack starts as `make run` starts it (devstack.stack: its own Redis,
-granian with 2 × cores + 1 workers, Celery worker with beat) on PostgreSQL
+granian with cores + 1 workers, Celery worker with beat) on PostgreSQL
 (BENCH_POSTGRES, default postgres://postgres@127.0.0.1:5432, database
 llmgw_bench_recovery, recreated). The fleet is bench/soaklib/fleet.py's: every
 node registers, then beats every interval on its own timer with a realistic

@@ -72,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--beat-period", type=float, default=5.0, help="seconds between stale-marking sweeps")
     parser.add_argument("--redis-outage", type=float, default=30.0, help="seconds Redis stays stopped")
     parser.add_argument(
-        "--workers", type=int, default=default_workers(), help="web workers (make run starts 2 × cores + 1)"
+        "--workers", type=int, default=default_workers(), help="web workers (make run starts cores + 1)"
     )
     parser.add_argument("--faults", default=",".join(FAULTS), help=f"comma-separated subset of {','.join(FAULTS)}")
     parser.add_argument("--database-url", default="postgres://postgres@127.0.0.1:5432/llmgw_soak")

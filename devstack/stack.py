@@ -30,6 +30,13 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() els
 BIN = Path(PYTHON).parent
 
 
+# Sharing one machine with the web tier, the batch work (Celery's sweep and /metrics render, Prometheus'
+# scrape and rules) yields the cores to heartbeats and pages: each is a second of CPU in a burst, which
+# at equal priority held heartbeats up to a third of a second (docs/operations.md, "Heartbeats at
+# 10,000 nodes"). Where they have hosts of their own this changes nothing.
+BACKGROUND = ["nice", "-n", "10"]
+
+
 @dataclass
 class Part:
     name: str
@@ -142,6 +149,7 @@ class Stack:
         return Part(
             "celery",
             [
+                *BACKGROUND,
                 str(BIN / "celery"),
                 "-A",
                 "llmgw_site",
@@ -169,6 +177,7 @@ class Stack:
         return Part(
             "prometheus",
             [
+                *BACKGROUND,
                 binary,
                 f"--config.file={config}",
                 f"--storage.tsdb.path={self.var / 'prometheus'}",
@@ -276,8 +285,14 @@ def ensure_admin_arguments(password: str) -> list[str]:
 
 
 def default_workers() -> int:
-    """2 × cores + 1: a worker waiting on Redis or the database leaves its core idle."""
-    return 2 * (os.cpu_count() or 1) + 1
+    """Cores + 1 web workers: one more than the cores, for the moments a worker waits on Redis or the database.
+
+    gunicorn's sync workers wanted 2 × cores + 1, since each also waited on its
+    client; granian's do not (its HTTP work runs in Rust), and on the 2-core
+    machine 5 workers spent more CPU per heartbeat among themselves than 3
+    (docs/operations.md, "Heartbeats at 10,000 nodes").
+    """
+    return (os.cpu_count() or 1) + 1
 
 
 def web_server_command(port: int, workers: int) -> list[str]:
