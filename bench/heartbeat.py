@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -243,6 +244,13 @@ def summary(stats: PhaseStats, cpu: dict[str, float]) -> dict:
     def percentile(p: float) -> float:
         return 1000 * latencies[min(int(p * len(latencies)), len(latencies) - 1)] if latencies else float("nan")
 
+    # When the slow beats were due: one second at a time, the seconds with the most beats over 100 ms,
+    # to tell a steady queue from a periodic stall (a render, a scrape, a sweep, a snapshot).
+    slow_by_second: Counter = Counter()
+    start = min(stats.due_times, default=0.0)
+    for due, latency in zip(stats.due_times, stats.latencies, strict=True):
+        if latency > 0.1:
+            slow_by_second[int(due - start)] += 1
     # With nothing answered there is no cost per answer to give.
     answered = stats.answered or float("nan")
     return {
@@ -259,6 +267,8 @@ def summary(stats: PhaseStats, cpu: dict[str, float]) -> dict:
         "cores": {name: seconds / stats.seconds for name, seconds in cpu.items()},
         "generator_cores": stats.cpu_seconds / stats.seconds,
         "detail": {"statuses": dict(stats.statuses), "errors": dict(stats.errors)},
+        "slow_beats": sum(slow_by_second.values()),
+        "slowest_seconds": sorted(slow_by_second.most_common(8)),
     }
 
 
@@ -464,6 +474,11 @@ def report(results: dict, args: argparse.Namespace, body_bytes: float) -> None:
             + " |"
         )
     print(f"\nsteady: {json.dumps(steady['detail'])}; empty: {json.dumps(empty['detail'])}")
+    for name, phase in (("steady", steady), ("empty", empty)):
+        print(
+            f"{name}: {phase['slow_beats']} beats over 100 ms; the seconds (from the phase's start) with most of them, "
+            f"[second, beats]: {phase['slowest_seconds']}"
+        )
     print(f"prometheus: {json.dumps(metrics['prometheus'])}; probe: {[round(s, 3) for s in probe]}")
     print(f"prometheus rule groups, seconds per evaluation: {json.dumps(metrics['rule_groups'])}")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

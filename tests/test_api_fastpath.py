@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import io
-import sys
 
 import pytest
 from django.core.handlers.wsgi import WSGIHandler
 
 from agent import protocol
+from bench.fleetlib.profile import environ as wsgi_environ
 from llmgw_site import wsgi
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
 from web.api import fastpath
@@ -50,27 +50,7 @@ class WsgiAnswer:
 
 def call(path: str, body: bytes = b"", method: str = "POST", **meta) -> WsgiAnswer:
     """`application` called as a WSGI server calls it."""
-    environ = {
-        "REQUEST_METHOD": method,
-        "PATH_INFO": path,
-        "SCRIPT_NAME": "",
-        "QUERY_STRING": "",
-        "SERVER_NAME": "testserver",
-        "SERVER_PORT": "80",
-        "SERVER_PROTOCOL": "HTTP/1.1",
-        "HTTP_HOST": "testserver",
-        "CONTENT_TYPE": "application/json",
-        "CONTENT_LENGTH": str(len(body)),
-        "REMOTE_ADDR": "127.0.0.1",
-        "wsgi.input": io.BytesIO(body),
-        "wsgi.errors": sys.stderr,
-        "wsgi.url_scheme": "http",
-        "wsgi.version": (1, 0),
-        "wsgi.multithread": False,
-        "wsgi.multiprocess": True,
-        "wsgi.run_once": False,
-        **meta,
-    }
+    environ = wsgi_environ(path, None, body, method, HTTP_HOST="testserver", SERVER_NAME="testserver", **meta)
     started = []
     # Made afresh, so that Django's handler loads the middleware of this test's settings.
     application = fastpath.HeartbeatFastPath(WSGIHandler())

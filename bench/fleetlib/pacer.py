@@ -65,6 +65,8 @@ class PhaseStats:
     statuses: Counter = field(default_factory=Counter)
     errors: Counter = field(default_factory=Counter)
     latencies: array = field(default_factory=lambda: array("d"))
+    # Each answered beat's due time (time.monotonic(), the same clock in every worker), beside its latency.
+    due_times: array = field(default_factory=lambda: array("d"))
     cpu_seconds: float = 0.0
     in_flight: int = 0
     # Which nodes (by their index in the fleet) had a beat answered with 2xx in this phase.
@@ -78,6 +80,7 @@ class PhaseStats:
         self.statuses.update(other.statuses)
         self.errors.update(other.errors)
         self.latencies.extend(other.latencies)
+        self.due_times.extend(other.due_times)
         self.nodes |= other.nodes
         self.cpu_seconds += other.cpu_seconds
         self.seconds = max(self.seconds, other.seconds)
@@ -222,6 +225,7 @@ class _Pacer:
             stats.answered += 1
             stats.nodes.add(self.indices[beat.node])
             stats.latencies.append(time.monotonic() - beat.due)
+            stats.due_times.append(beat.due)
 
     def failed(self, stats: PhaseStats, why: str) -> None:
         self.in_flight -= 1

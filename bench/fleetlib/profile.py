@@ -31,9 +31,10 @@ EMPTY = "/api/v1/bench-empty"
 HEARTBEAT = "/api/v1/heartbeat"
 
 
-def environ(path: str, token: str, body: bytes) -> dict:
-    return {
-        "REQUEST_METHOD": "POST",
+def environ(path: str, token: str | None, body: bytes, method: str = "POST", **meta) -> dict:
+    """A request's WSGI environ as a web server hands it to the application; `meta` adds or replaces entries."""
+    built = {
+        "REQUEST_METHOD": method,
         "PATH_INFO": path,
         "SCRIPT_NAME": "",
         "QUERY_STRING": "",
@@ -41,7 +42,6 @@ def environ(path: str, token: str, body: bytes) -> dict:
         "SERVER_PORT": "8000",
         "SERVER_PROTOCOL": "HTTP/1.1",
         "HTTP_HOST": "127.0.0.1:8000",
-        "HTTP_AUTHORIZATION": f"Bearer {token}",
         "CONTENT_TYPE": "application/json",
         "CONTENT_LENGTH": str(len(body)),
         "REMOTE_ADDR": "127.0.0.1",
@@ -53,6 +53,9 @@ def environ(path: str, token: str, body: bytes) -> dict:
         "wsgi.multiprocess": True,
         "wsgi.run_once": False,
     }
+    if token is not None:
+        built["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    return built | meta
 
 
 def call(application, path: str, token: str, body: bytes) -> str:

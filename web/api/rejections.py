@@ -46,12 +46,7 @@ class Rejected(Exception):
         return json_answer(protocol.Rejection(field=self.field, reason=self.reason), self.status, headers)
 
     def response(self) -> HttpResponse:
-        response = self.answer().as_django()
-        if self.status >= 500:
-            # Django would log each such response at ERROR as it leaves; whoever
-            # refuses with a 5xx logs it at its own pace (an outage: every 30 s).
-            response._has_been_logged = True
-        return response
+        return self.answer().as_django()
 
 
 @dataclass
@@ -78,6 +73,10 @@ class Answer:
         response = HttpResponse(self.body, status=self.status, content_type="application/json")
         for name, value in self.headers:
             response[name] = value
+        if self.status >= 500:
+            # Django would log each such response at ERROR as it leaves; whoever
+            # refuses with a 5xx logs it at its own pace (an outage: every 30 s).
+            response._has_been_logged = True
         return response
 
 
