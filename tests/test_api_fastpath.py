@@ -73,6 +73,10 @@ def _spy(settings, redis_client, monkeypatch):
     Spy.seen = []
     # As Django's test client does for its own requests: the test's transaction owns the connection.
     monkeypatch.setattr(fastpath, "close_old_connections", lambda: None)
+    # Read from settings once per process; these tests change the settings.
+    fastpath.redirects_to_https.cache_clear()
+    yield
+    fastpath.redirects_to_https.cache_clear()
 
 
 def test_the_wsgi_application_is_the_fast_path_in_front_of_django():
@@ -149,9 +153,11 @@ def test_hsts_over_https_behind_the_proxy(settings):
 
 def test_https_is_required_of_a_heartbeat_exactly_where_django_would_require_it(settings):
     settings.SECURE_SSL_REDIRECT = True
+    fastpath.redirects_to_https.cache_clear()
     assert call(PATH, b"{}").status_code == 401, "the agent API is exempt (SECURE_REDIRECT_EXEMPT)"
     assert Spy.seen == []
     settings.SECURE_REDIRECT_EXEMPT = []
+    fastpath.redirects_to_https.cache_clear()
     answer = call(PATH, b"{}")
     assert answer.status_code == 301
     assert answer["Location"] == "https://testserver/api/v1/heartbeat"

@@ -17,11 +17,14 @@ SECONDS = 2.0
 
 
 class _Ok(BaseHTTPRequestHandler):
+    """Answers each request and closes the connection, as gunicorn's sync workers did."""
+
     def do_POST(self):
         self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(200)
         self.send_header("Content-Length", "2")
-        self.send_header("Connection", "close")
+        if self.protocol_version != "HTTP/1.1":
+            self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(b"{}")
 
@@ -29,7 +32,7 @@ class _Ok(BaseHTTPRequestHandler):
         pass
 
 
-class _KeepsAlive(BaseHTTPRequestHandler):
+class _KeepsAlive(_Ok):
     """Answers on the same connection as long as the client keeps it, counting the connections it accepts."""
 
     protocol_version = "HTTP/1.1"
@@ -40,16 +43,6 @@ class _KeepsAlive(BaseHTTPRequestHandler):
         super().setup()
         with _KeepsAlive.lock:
             _KeepsAlive.connections += 1
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers["Content-Length"]))
-        self.send_response(200)
-        self.send_header("Content-Length", "2")
-        self.end_headers()
-        self.wfile.write(b"{}")
-
-    def log_message(self, *args):
-        pass
 
 
 def serve(handler):

@@ -77,8 +77,13 @@ def hsts_header() -> tuple[tuple[str, str], ...]:
     return (("Strict-Transport-Security", value),)
 
 
+@cache
 def redirects_to_https() -> bool:
-    """Whether Django's SecurityMiddleware would redirect a plain-HTTP heartbeat (the agent API is exempt)."""
+    """Whether Django's SecurityMiddleware would redirect a plain-HTTP heartbeat (the agent API is exempt).
+
+    Read once per process, like the middleware's own settings: a plain-HTTP heartbeat behind a proxy
+    ending TLS is every heartbeat, and the exemptions are regular expressions.
+    """
     path = heartbeat_path().lstrip("/")
     exempt = any(re.search(pattern, path) for pattern in settings.SECURE_REDIRECT_EXEMPT)
     return settings.SECURE_SSL_REDIRECT and not exempt
