@@ -130,7 +130,7 @@ ABSENT_FOR = "5m"
 def absent_alert() -> dict:
     # A shard runs when the control plane reports its engine's processes (llmgw_shard_cpu_cores);
     # its engine is silent when no series of the table carries its shard label. Only shards with
-    # an allocation (a replica) are engine targets (web/targets.py): a process an agent reports
+    # an allocation (a replica) are engine targets (nodes/targets.py): a process an agent reports
     # that placement never put there is not scraped, so its silence says nothing. Leaving those
     # out also keeps Prometheus from holding a pending alert, with its annotations expanded at
     # every evaluation, for each of them (bench/heartbeat.py's fleet runs only such shards).

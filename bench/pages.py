@@ -151,8 +151,8 @@ def run() -> int:
 
     import livestate
     from inventory.models import Node, NodeEvent
+    from nodes.views.summary import TOTALS_KEY
     from tests.factories import make_fleet
-    from web.views.summary import TOTALS_KEY
 
     def expire_totals() -> None:
         livestate.client().delete(TOTALS_KEY)

@@ -6,7 +6,7 @@ token digest, liveness, admin state and inventory hash) and a *generation*
 counter. Whatever changes what a card holds bumps the node's generation
 (`invalidate`); a card remembers the generation it was read under and is used
 only while that is still the current one. Building a card from the database is
-the web app's business (web/api/cards.py), which also decides when to
+the web app's business (nodes/api/cards.py), which also decides when to
 invalidate.
 
 `invalidate` bumps twice, now and after the transaction commits: a reader that

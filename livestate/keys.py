@@ -40,9 +40,9 @@ LIMIT_PREFIX = "llmgw:limit:"
 SELF_METRICS = "llmgw:selfmetrics"
 # Lock held by the reconcile pass running now (livestate.locks); expires if its worker dies.
 RECONCILE_LOCK = "llmgw:reconcile"
-# The cluster page's fleet totals, shared by every web worker for a few seconds (web/views/summary.py).
+# The cluster page's fleet totals, shared by every web worker for a few seconds (nodes/views/summary.py).
 FLEET_TOTALS = "llmgw:pages:fleet-totals"
-# The fleet's part of /metrics, rendered ahead by Celery beat (web/metrics/prerender.py).
+# The fleet's part of /metrics, rendered ahead by Celery beat (nodes/metrics/prerender.py).
 METRICS_FLEET = "llmgw:metrics:fleet"
 
 

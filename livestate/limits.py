@@ -5,7 +5,7 @@ every web machine: a per-process counter would let N workers accept N times
 the limit. Windows are fixed minutes (INCR, then EXPIRE on the first hit),
 which is coarse but costs one round trip. The beat script counts heartbeats on
 the same keys (livestate.beatscript); which limits apply to which requests is
-the web app's business (web/ratelimit.py).
+the web app's business (nodes/ratelimit.py).
 """
 
 from __future__ import annotations

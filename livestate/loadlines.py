@@ -28,7 +28,7 @@ from livestate.samples import labelset, line, value
 
 
 class Family(NamedTuple):
-    """A /metrics family: its name, help text and type (web/metrics/families.py lists them all)."""
+    """A /metrics family: its name, help text and type (nodes/metrics/families.py lists them all)."""
 
     name: str
     documentation: str

@@ -73,7 +73,7 @@ def save(node_id: str, load: Load, received_at: float, pipe=None) -> None:
 def read_raw(node_ids: list[str]) -> list[bytes | None]:
     """The stored loads of many nodes, undecoded, in one round trip (raises redis errors).
 
-    For readers that decode only part of a load (web/views/loads.py).
+    For readers that decode only part of a load (nodes/views/loads.py).
     """
     return livestate.client().mget([keys.load(i) for i in node_ids])
 

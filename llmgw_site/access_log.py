@@ -8,7 +8,7 @@ refusals are logged, beside everything else. The application writes the log
 rather than the web server, so that an accepted heartbeat costs no line at all,
 not one built and then filtered out: Django's requests through
 `AccessLogMiddleware` (first in `MIDDLEWARE`), the heartbeat's own answers in
-web/api/fastpath.py. Lines go to the `llmgw.access` logger, at INFO.
+nodes/api/fastpath.py. Lines go to the `llmgw.access` logger, at INFO.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from django.http import HttpRequest, HttpResponse
 
-from web.ratelimit import client_address
+from nodes.ratelimit import client_address
 
 log = logging.getLogger("llmgw.access")
 

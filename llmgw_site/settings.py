@@ -35,13 +35,13 @@ try:
     LLMGW_DISRUPTION_THRESHOLD = env_float("LLMGW_DISRUPTION_THRESHOLD", 0.55, minimum=0.0, maximum=1.0)
     LLMGW_LOAD_MAX_AGE = env_float("LLMGW_LOAD_MAX_AGE", 60.0, minimum=0.1)
     LLMGW_BEAT_PERIOD = env_float("LLMGW_BEAT_PERIOD", 5.0, minimum=0.1)
-    # How often Celery beat renders the fleet's part of /metrics ahead of the scrapes (web/metrics/prerender.py).
+    # How often Celery beat renders the fleet's part of /metrics ahead of the scrapes (nodes/metrics/prerender.py).
     LLMGW_METRICS_RENDER_PERIOD = 10.0
     # Routes an empty view for bench/heartbeat.py's ceiling; never set in production.
     LLMGW_BENCH_EMPTY_VIEW = env_bool("LLMGW_BENCH_EMPTY_VIEW", False)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
     CONN_MAX_AGE = env_int("CONN_MAX_AGE", 60, minimum=0)
-    # Agent API limits (web/ratelimit.py), per minute, shared by all workers through Redis.
+    # Agent API limits (nodes/ratelimit.py), per minute, shared by all workers through Redis.
     LLMGW_REGISTER_PER_MINUTE = env_int("LLMGW_REGISTER_PER_MINUTE", 20, minimum=1)
     # Default: ten times what an agent beating at the configured interval sends.
     LLMGW_HEARTBEAT_PER_MINUTE = env_int(
@@ -54,7 +54,7 @@ try:
     LLMGW_LOGIN_FAILURE_LIMIT = env_int("LLMGW_LOGIN_FAILURE_LIMIT", 5, minimum=1)
     LLMGW_LOGIN_COOLOFF_MINUTES = env_float("LLMGW_LOGIN_COOLOFF_MINUTES", 15.0, minimum=0.1)
     # Networks whose addresses an agent may name as its management address for
-    # Prometheus to scrape (web/targets.py); empty: only the address it beats from.
+    # Prometheus to scrape (nodes/targets.py); empty: only the address it beats from.
     LLMGW_TRUSTED_TARGET_NETWORKS = env_networks("LLMGW_TRUSTED_TARGET_NETWORKS")
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
@@ -90,14 +90,14 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "inventory",
-    "web",
+    "nodes",
     "rest_framework",
     "drf_spectacular",
     "opsapi",
 ]
 
 MIDDLEWARE = [
-    # POST /api/v1/heartbeat never reaches this chain: llmgw_site/wsgi.py answers it first (web/api/fastpath.py).
+    # POST /api/v1/heartbeat never reaches this chain: llmgw_site/wsgi.py answers it first (nodes/api/fastpath.py).
     "llmgw_site.access_log.AccessLogMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
@@ -127,7 +127,7 @@ AXES_COOLOFF_TIME = timedelta(minutes=LLMGW_LOGIN_COOLOFF_MINUTES)
 AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
 AXES_RESET_ON_SUCCESS = True
 # The same address the agent API's limits count, so LLMGW_PROXY_HOPS applies here too.
-AXES_CLIENT_IP_CALLABLE = "web.ratelimit.client_address"
+AXES_CLIENT_IP_CALLABLE = "nodes.ratelimit.client_address"
 AXES_LOCKOUT_TEMPLATE = "admin/locked_out.html"
 
 ROOT_URLCONF = "llmgw_site.urls"
@@ -215,7 +215,7 @@ CELERY_BEAT_SCHEDULE = {
     "reconcile": {"task": "inventory.tasks.reconcile", "schedule": LLMGW_BEAT_PERIOD},
     # A render not started within its period is superseded by the next one.
     "render-metrics": {
-        "task": "web.tasks.render_metrics",
+        "task": "nodes.tasks.render_metrics",
         "schedule": LLMGW_METRICS_RENDER_PERIOD,
         "options": {"expires": LLMGW_METRICS_RENDER_PERIOD},
     },

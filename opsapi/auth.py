@@ -1,7 +1,7 @@
 """Who is calling: a personal token in `Authorization: Bearer …`, and what its scope allows.
 
 Refused tokens count against the caller's address on the same Redis counters
-as the agent API's, by the same rule (web/ratelimit.py): past the budget a
+as the agent API's, by the same rule (nodes/ratelimit.py): past the budget a
 wrong token is answered 429, while a right one is always accepted, since
 operators behind one proxy or NAT share an address with whoever guesses.
 """
@@ -13,8 +13,8 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.request import Request
 
 from livestate.limits import Limiter
+from nodes.ratelimit import TOO_MANY_REFUSED, client_address, refused_credential
 from opsapi.models import ApiToken, Scope
-from web.ratelimit import TOO_MANY_REFUSED, client_address, refused_credential
 
 KEYWORD = b"bearer"
 

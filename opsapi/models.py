@@ -16,7 +16,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.utils import timezone
 
-from web.models import digest, digest_matches, new_secret, split_token
+from nodes.models import digest, digest_matches, new_secret, split_token
 
 # Tokens begin with this, so a secret scanner (or a person) can tell one in a paste.
 PREFIX = "llmgw-ops-"

@@ -18,8 +18,8 @@ from inventory.models import (
     ReplicaState,
     Shard,
 )
+from nodes.views.loads import fetch_readings, heartbeat_age
 from opsapi.nodelist import load_fields
-from web.views.loads import fetch_readings, heartbeat_age
 
 EVENTS_SHOWN = 20
 # What still holds a node that is draining, as the reconciler decides it is done.

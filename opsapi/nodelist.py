@@ -15,8 +15,8 @@ from django.db.models import Count
 
 from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node
 from inventory.models.gpus import HEALTH_OK
-from web.views.cluster import TableQuery, sorted_nodes
-from web.views.loads import Reading, fetch_readings, heartbeat_age
+from nodes.views.cluster import TableQuery, sorted_nodes
+from nodes.views.loads import Reading, fetch_readings, heartbeat_age
 
 
 def table_query(params: dict) -> TableQuery:

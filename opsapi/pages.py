@@ -11,9 +11,9 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from nodes.views.access import login_required
 from opsapi.forms import NewTokenForm
 from opsapi.models import ApiToken
-from web.views.access import login_required
 
 
 @require_http_methods(["GET", "POST"])

@@ -13,9 +13,9 @@ from agent import protocol
 from devstack.faults import database_unreachable
 from inventory.models import Node
 from livestate import keys, loadstore, selfmetrics, shardlists
+from nodes.api import outage
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post, register, reply_of
 from tests.factories import make_inventory
-from web.api import outage
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
 

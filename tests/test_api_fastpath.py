@@ -10,8 +10,8 @@ from django.core.handlers.wsgi import WSGIHandler
 from agent import protocol
 from bench.fleetlib.profile import environ as wsgi_environ
 from llmgw_site import wsgi
+from nodes.api import fastpath
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
-from web.api import fastpath
 
 pytestmark = [pytest.mark.django_db]
 

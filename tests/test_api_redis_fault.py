@@ -12,10 +12,10 @@ from devstack.redis_server import RedisServer
 from inventory import liveness
 from inventory.models import Liveness, Node
 from livestate import loadstore
+from nodes.api import heartbeats
+from nodes.models import NodeToken
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
 from tests.factories import make_inventory
-from web.api import heartbeats
-from web.models import NodeToken
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 
@@ -45,7 +45,7 @@ def test_heartbeats_are_answered_while_redis_is_down_and_redis_is_used_again_whe
 
     private_redis.stop()
     outage_started = timezone.now()
-    with caplog.at_level(logging.WARNING, logger="web.api.heartbeats"):
+    with caplog.at_level(logging.WARNING, logger="nodes.api.heartbeats"):
         replies = {
             name: reply_of(heartbeat(client, token, protocol.Heartbeat(load=a_load())))
             for name, token in tokens.items()

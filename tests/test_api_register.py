@@ -4,9 +4,9 @@ import pytest
 
 from agent import protocol
 from inventory.models import AdminState, Liveness, Node, NodeEvent
+from nodes.models import JoinToken, NodeToken
 from tests.agentapi import JOIN_TOKEN, heartbeat, post, register, reply_of
 from tests.factories import make_inventory
-from web.models import JoinToken, NodeToken
 
 pytestmark = [pytest.mark.django_db]
 

@@ -260,7 +260,7 @@ def test_a_scrape_runs_the_same_queries_whatever_the_fleet_size(
 def test_a_database_failure_is_answered_503_not_a_cut_off_body(client, db, redis_client, monkeypatch):
     from django.db import OperationalError
 
-    from web.metrics import inventory_series
+    from nodes.metrics import inventory_series
 
     def unavailable():
         raise OperationalError("the database is down")
@@ -272,6 +272,6 @@ def test_a_database_failure_is_answered_503_not_a_cut_off_body(client, db, redis
 
 def test_the_node_facts_exported_are_the_agents_and_the_state():
     from inventory.models import AGENT_FIELDS
-    from web.metrics.inventory_series import NodeFacts
+    from nodes.metrics.inventory_series import NodeFacts
 
     assert set(NodeFacts._fields) - {"id", "admin_state", "liveness"} <= set(AGENT_FIELDS)

@@ -14,8 +14,8 @@ from prometheus_client.parser import text_string_to_metric_families as parse_tex
 from agent import protocol
 from livestate import loadlines, loadstore
 from livestate.samples import labelset, line
+from nodes.metrics.rowcache import RowCache
 from tests.metrics_scrape import TEXT, body
-from web.metrics.rowcache import RowCache
 
 OPENMETRICS = "application/openmetrics-text; version=1.0.0"
 

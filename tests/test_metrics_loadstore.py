@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry
 
 from agent import protocol
 from livestate import keys, loadlines, loadstore
-from web.metrics.collector import FleetCollector
+from nodes.metrics.collector import FleetCollector
 
 LOAD = protocol.Load(cpu_percent=50, cpus=8, shards=[protocol.ShardLoad(shard="s", cpu_cores=1, rss_bytes=2)])
 

@@ -11,10 +11,10 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 
 from inventory.models import Node
 from livestate import loadstore, selfmetrics
+from nodes.tasks import render_metrics
 from tests.factories import place
 from tests.metrics_scrape import TEXT
 from tests.test_metrics import T0, a_load
-from web.tasks import render_metrics
 
 pytestmark = pytest.mark.django_db
 

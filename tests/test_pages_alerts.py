@@ -15,8 +15,8 @@ import requests
 
 from devstack.polling import wait_until
 from devstack.ports import free_port
+from nodes import promalerts
 from tests.prometheus import ExpositionServer, PrometheusServer
-from web import promalerts
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "rules" / "llmgw.rules.yml"
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -119,7 +119,7 @@ class _Answering:
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
-                # Only the alerts calls count: the cluster page also asks for requests waiting (web/promengines.py).
+                # Only the alerts calls count: the cluster page also asks for requests waiting (nodes/promengines.py).
                 owner.requests += self.path.startswith("/api/v1/alerts")
                 raw = json.dumps(body).encode()
                 self.send_response(200)

@@ -14,8 +14,8 @@ from devstack.faults import redis_unreachable
 from inventory.models import GPU, Node
 from inventory.registration import upsert_inventory
 from livestate import loadstore
+from nodes.views.summary import TOTALS_KEY, TOTALS_MAX_AGE
 from tests.factories import make_fleet, make_inventory
-from web.views.summary import TOTALS_KEY, TOTALS_MAX_AGE
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 

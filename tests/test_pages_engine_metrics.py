@@ -19,9 +19,9 @@ from devstack.polling import wait_until
 from devstack.ports import free_port
 from inventory.desired import sync_node
 from inventory.models import Deployment, Engine
+from nodes import promengines
 from tests.factories import place
 from tests.prometheus import ExpositionServer, PrometheusServer
-from web import promengines
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "rules" / "engines.rules.yml"
 HTMX = {"HTTP_HX_REQUEST": "true"}

@@ -12,10 +12,10 @@ from django.utils import timezone
 from devstack.polling import wait_until
 from devstack.ports import free_port
 from inventory.models import NodeEvent
+from nodes import promquery
+from nodes.views.node import MARKERS_SHOWN
 from tests.factories import place
 from tests.prometheus import ExpositionServer, PrometheusServer
-from web import promquery
-from web.views.node import MARKERS_SHOWN
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
 

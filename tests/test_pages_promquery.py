@@ -12,9 +12,9 @@ import pytest
 
 from devstack.polling import wait_until
 from devstack.ports import free_port
+from nodes import promquery
+from nodes.promquery import ChartSpec, PrometheusUnavailable
 from tests.prometheus import ExpositionServer, PrometheusServer
-from web import promquery
-from web.promquery import ChartSpec, PrometheusUnavailable
 
 
 def test_promql_string_escapes_quotes_and_backslashes():

@@ -3,7 +3,7 @@
 import pytest
 
 from inventory.models import STATE_COLOURS, NodeState
-from web.templatetags.llmgw import age, bar_class, gib, state_badge
+from nodes.templatetags.llmgw import age, bar_class, gib, state_badge
 
 
 @pytest.mark.parametrize(

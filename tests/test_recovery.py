@@ -25,8 +25,8 @@ from inventory import liveness, sweep
 from inventory.models import Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
 from livestate import cards, keys, locks, selfmetrics
+from nodes.api import heartbeats as heartbeat_view
 from tests.agentapi import JOIN_TOKEN, heartbeat, register, reply_of
-from web.api import heartbeats as heartbeat_view
 
 pytestmark = [pytest.mark.django_db]
 

@@ -19,9 +19,9 @@ import livestate
 from agent import protocol
 from inventory.models import Node
 from livestate import keys, loadstore
+from nodes.models import NodeToken
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post, register, reply_of
 from tests.factories import make_inventory
-from web.models import NodeToken
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def test_refusals_do_not_tell_an_unknown_node_from_a_wrong_secret(client, tokens
 
 @pytest.mark.parametrize("kind", ["missing", "wrong", "a node token", "revoked admin join token"])
 def test_registration_refuses_every_wrong_join_token(client, tokens, operator, kind):
-    from web.models import JoinToken
+    from nodes.models import JoinToken
 
     token = {"missing": None, "wrong": JOIN_TOKEN + "x", "a node token": tokens["gpu-1"]}.get(kind)
     if kind == "revoked admin join token":

@@ -17,8 +17,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from django.utils.html import escape
 
-from web import promquery
-from web.promquery import PrometheusUnavailable
+from nodes import promquery
+from nodes.promquery import PrometheusUnavailable
 
 GOOD = {
     "status": "success",

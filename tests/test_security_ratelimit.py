@@ -15,9 +15,9 @@ import time_machine
 import livestate
 from agent import protocol
 from livestate.keys import LIMIT_PREFIX
+from nodes import ratelimit
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register
 from tests.factories import make_inventory
-from web import ratelimit
 
 
 def post_register(client, node_id: str, token: str = JOIN_TOKEN, address: str = "10.0.0.1", **headers):
@@ -124,7 +124,7 @@ def test_without_redis_the_limits_are_lifted_not_the_fleet(limits, client, setti
         # And without waiting on retries: an outage must not slow every agent request down.
         assert time.monotonic() - started < 2
         # Said once, not once per request.
-        assert len([r for r in caplog.records if r.name == "web.ratelimit"]) <= 1
+        assert len([r for r in caplog.records if r.name == "nodes.ratelimit"]) <= 1
     finally:
         livestate.reset_client()
 

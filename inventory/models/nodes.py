@@ -77,7 +77,7 @@ class Node(models.Model):
     weights_scanned = models.BooleanField(default=False)
     inventory_hash = models.CharField(max_length=256, blank=True)
     # The client address the node's latest registration or inventory came from: what the
-    # control plane itself saw, unlike mgmt_addr, which the agent claims (web/targets.py).
+    # control plane itself saw, unlike mgmt_addr, which the agent claims (nodes/targets.py).
     source_addr = models.GenericIPAddressField("source address", null=True, blank=True)
     # Which heartbeat the stored inventory came from: the agent run's boot id and its
     # number in that run ("" and 0: said nothing), so an older one is refused.

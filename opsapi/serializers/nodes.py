@@ -5,8 +5,8 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from inventory.models import AdminState, Liveness, NodeState, ReplicaState
+from nodes.views.cluster import DB_SORTS, LOAD_SORTS
 from opsapi.serializers.common import PagedSerializer, PageParams, Text
-from web.views.cluster import DB_SORTS, LOAD_SORTS
 
 SORTS = sorted(DB_SORTS) + sorted(LOAD_SORTS)
 

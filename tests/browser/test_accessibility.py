@@ -13,9 +13,9 @@ import requests
 
 from devstack.polling import wait_until
 from inventory.models import NodeEvent
+from nodes import promalerts
 from tests.browser.conftest import log_in
 from tests.prometheus import ExpositionServer, PrometheusServer
-from web import promalerts
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 

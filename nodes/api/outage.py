@@ -1,6 +1,6 @@
 """The agent API while the database is down: a 503 the agent retries, never a 500.
 
-An ordinary heartbeat of a live node needs no database (web/api/heartbeats.py),
+An ordinary heartbeat of a live node needs no database (nodes/api/heartbeats.py),
 so a fleet keeps beating through a database restart. What does need it (any
 registration; a heartbeat whose node card is not cached, that brings a node
 back to life, carries an inventory or a shard report that moves a shard) is
@@ -14,7 +14,7 @@ import logging
 from django.db import DatabaseError, DataError, IntegrityError, connection
 
 from llmgw_site.logs import OccasionalWarning
-from web.api.rejections import Rejected
+from nodes.api.rejections import Rejected
 
 log = logging.getLogger(__name__)
 

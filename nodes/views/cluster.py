@@ -21,11 +21,11 @@ from django.views.decorators.http import require_GET
 
 from inventory.models import GPU, Node, NodeState, state_order
 from inventory.queries import count_per_node, gpu_class_filter, label_filter
-from web import promalerts, promengines
-from web.views.access import login_required
-from web.views.loads import fetch_readings, fresh_figures
-from web.views.rows import ROW_FIELDS, node_rows
-from web.views.summary import summary
+from nodes import promalerts, promengines
+from nodes.views.access import login_required
+from nodes.views.loads import fetch_readings, fresh_figures
+from nodes.views.rows import ROW_FIELDS, node_rows
+from nodes.views.summary import summary
 
 PAGE_SIZE = 100
 MAX_TEXT = 200

@@ -37,9 +37,9 @@ from django.db import close_old_connections, reset_queries
 from django.urls import reverse
 
 from llmgw_site import access_log
-from web.api.rejections import Answer, bounded_reader
-from web.api.views import answer_heartbeat
-from web.ratelimit import address_of
+from nodes.api.rejections import Answer, bounded_reader
+from nodes.api.views import answer_heartbeat
+from nodes.ratelimit import address_of
 
 log = logging.getLogger("django.request")
 
@@ -48,7 +48,7 @@ INTERNAL_ERROR = Answer(500, b'{"field":"$","reason":"internal error; the contro
 
 @cache
 def heartbeat_path() -> str:
-    # Read from the URLconf on first use, so the path has one home (web/urls.py).
+    # Read from the URLconf on first use, so the path has one home (nodes/urls.py).
     return reverse("api-heartbeat")
 
 

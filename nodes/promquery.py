@@ -16,7 +16,7 @@ from urllib.parse import urlencode
 
 from django.conf import settings
 
-from web import promhttp, promshape
+from nodes import promhttp, promshape
 
 TIMEOUT = 2.0
 SPAN = 3600

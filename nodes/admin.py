@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from inventory.models import actor_name
-from web.models import JoinToken, NodeToken
+from nodes.models import JoinToken, NodeToken
 
 
 @admin.register(JoinToken)

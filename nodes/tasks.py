@@ -6,10 +6,10 @@ import time
 
 from celery import shared_task
 
-from web.metrics import prerender
+from nodes.metrics import prerender
 
 
 @shared_task
 def render_metrics() -> int:
-    """Render the fleet's part of /metrics ahead of the scrapes (web/metrics/prerender.py); its gzipped size."""
+    """Render the fleet's part of /metrics ahead of the scrapes (nodes/metrics/prerender.py); its gzipped size."""
     return prerender.store(time.time())

@@ -13,7 +13,7 @@ from django.db.models.signals import post_delete, post_save
 
 from inventory.models import Node, NodeEvent
 from livestate.cards import NodeCard, invalidate
-from web.models import NodeToken
+from nodes.models import NodeToken
 
 
 def from_database(node_id: str, generation: int = 0) -> NodeCard | None:

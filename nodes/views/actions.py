@@ -9,8 +9,8 @@ from django.views.decorators.http import require_POST
 
 from inventory.models import Node
 from inventory.operator import ACTIONS, ReasonRequired, set_admin_state
-from web.views.access import login_required
-from web.views.node import valid_id
+from nodes.views.access import login_required
+from nodes.views.node import valid_id
 
 MAX_REASON = 2000
 

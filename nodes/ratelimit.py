@@ -48,7 +48,7 @@ from django.http import HttpRequest
 from livestate import keys, limits
 from livestate.limits import Limiter
 from llmgw_site.logs import OccasionalWarning
-from web.api.rejections import Rejected
+from nodes.api.rejections import Rejected
 
 log = logging.getLogger(__name__)
 

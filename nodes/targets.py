@@ -7,7 +7,7 @@ fleet size.
 A node must not choose what Prometheus scrapes: its agent's `mgmt_addr` and
 hostname are only its claims, and could name any host. So a target's host is
 the address the node's registrations and inventories came from
-(`Node.source_addr`, as web/ratelimit.py `client_address` sees it), or its
+(`Node.source_addr`, as nodes/ratelimit.py `client_address` sees it), or its
 `mgmt_addr` when that is an IP address inside one of the operator's
 LLMGW_TRUSTED_TARGET_NETWORKS (for nodes whose traffic reaches the control
 plane through a NAT or a proxy the hop count does not see past). A node with
@@ -28,7 +28,7 @@ from django.views.decorators.http import require_GET
 from inventory.models import ReplicaState, Shard
 
 # The same optional bearer token as /metrics: both tell a reader where the fleet is.
-from web.metrics.views import _authorized
+from nodes.metrics.views import _authorized
 
 log = logging.getLogger(__name__)
 

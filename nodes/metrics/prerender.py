@@ -4,7 +4,7 @@ At 10,000 nodes a scrape reads some 100,000 inventory rows and 10,000 loads and
 writes 35 MB of text: about 0.4 s of a web worker's CPU on an idle machine, and
 1–3 s of wall time while the same workers answer 2,000 heartbeats a second,
 since the scrape waits for a core like every request (and holds a web worker
-that heartbeats queue behind). So `web.tasks.render_metrics` renders the
+that heartbeats queue behind). So `nodes.tasks.render_metrics` renders the
 fleet's families every LLMGW_METRICS_RENDER_PERIOD seconds in the Celery
 worker, in the format Prometheus asks for (OpenMetrics 1.0.0), gzipped, and
 stores it in Redis. A scrape that asks for that format with gzip gets it with
@@ -34,8 +34,8 @@ from prometheus_client import Metric
 
 import livestate
 from livestate import keys, selfmetrics
-from web.metrics import exposition
-from web.metrics.collector import FleetCollector, Scrape, self_families
+from nodes.metrics import exposition
+from nodes.metrics.collector import FleetCollector, Scrape, self_families
 
 # What Prometheus asks for (it prefers OpenMetrics 1.0.0).
 PROMETHEUS_FORMAT = "application/openmetrics-text;version=1.0.0"

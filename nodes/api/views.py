@@ -1,9 +1,9 @@
 """The agent API's views: authenticate, validate, hand over. Nothing else happens here.
 
 Whatever is refused, including a request that needed the database while it was
-down (web/api/outage.py), is answered with a `protocol.Rejection`. A wrong
+down (nodes/api/outage.py), is answered with a `protocol.Rejection`. A wrong
 credential is counted against its client address where it is found wrong
-(web/ratelimit.py); a right one is never refused for that address's failures.
+(nodes/ratelimit.py); a right one is never refused for that address's failures.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from agent import protocol
-from web.api.heartbeats import authenticate, count_rejection, receive_heartbeat
-from web.api.outage import database_unavailable, is_outage
-from web.api.registration import join_token_name, register_node
-from web.api.rejections import Answer, Rejected, bearer_token, decode, json_answer, json_response, read_json_body
-from web.ratelimit import address_of, check_registration, client_address, refused_credential
+from nodes.api.heartbeats import authenticate, count_rejection, receive_heartbeat
+from nodes.api.outage import database_unavailable, is_outage
+from nodes.api.registration import join_token_name, register_node
+from nodes.api.rejections import Answer, Rejected, bearer_token, decode, json_answer, json_response, read_json_body
+from nodes.ratelimit import address_of, check_registration, client_address, refused_credential
 
 
 @csrf_exempt
@@ -46,7 +46,7 @@ def register(request: HttpRequest) -> HttpResponse:
 
 @csrf_exempt
 def heartbeat(request: HttpRequest) -> HttpResponse:
-    """The heartbeat as a Django view; production serves the same answer from WSGI (web/api/fastpath.py)."""
+    """The heartbeat as a Django view; production serves the same answer from WSGI (nodes/api/fastpath.py)."""
     return answer_heartbeat(request.META, request.read).as_django()
 
 

@@ -53,7 +53,7 @@ class Rejected(Exception):
 class Answer:
     """An agent API answer as bytes and headers, before any framework's response object is made of it.
 
-    The heartbeat is served straight from WSGI (web/api/fastpath.py), where
+    The heartbeat is served straight from WSGI (nodes/api/fastpath.py), where
     building a Django `HttpResponse` would cost more than the answer itself;
     registration and the Django view of the heartbeat turn it into one.
     """

@@ -34,9 +34,9 @@ from inventory.models import (
     Shard,
 )
 from inventory.operator import ACTIONS
-from web import promalerts, promengines, promquery
-from web.views.access import login_required
-from web.views.loads import fetch_readings, heartbeat_age
+from nodes import promalerts, promengines, promquery
+from nodes.views.access import login_required
+from nodes.views.loads import fetch_readings, heartbeat_age
 
 EVENTS_SHOWN = 20
 # Markers a chart draws at most: the newest ones in the range. A week of a flapping
@@ -86,7 +86,7 @@ class EngineRow:
     endpoint: str = ""
     # A shard the agent measures that no allocation on this node accounts for.
     unplaced: bool = False
-    # Why a running shard has no engine metrics in Prometheus (web/promengines.py); empty when it has.
+    # Why a running shard has no engine metrics in Prometheus (nodes/promengines.py); empty when it has.
     no_engine_metrics: str = ""
 
     @property

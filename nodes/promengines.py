@@ -5,7 +5,7 @@ The node page says "no engine metrics" and why for a running shard without
 0; the cluster page shows requests waiting per node. Each is one instant query
 (the node's, or one for the whole fleet), under the charts' deadline and shape
 checks, and each process keeps its answer, or the reason there is none, for
-MAX_AGE seconds, as `web/promalerts.py` does with the alerts, so the pages' 5 s
+MAX_AGE seconds, as `nodes/promalerts.py` does with the alerts, so the pages' 5 s
 refreshes cost one call per MAX_AGE per worker.
 """
 
@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 from django.conf import settings
 
 from agent.engine_metrics import Signal, names
-from web import promquery
+from nodes import promquery
 
 MAX_AGE = 10.0
 # Shorter than the charts' deadline: these calls sit in the pages' own render.

@@ -32,10 +32,10 @@ from inventory.registration import ReplayedInventory, upsert_inventory
 from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics, sequence, sweeprecord
 from livestate.cards import NodeCard
 from llmgw_site.logs import OccasionalWarning
-from web import ratelimit
-from web.api.cards import from_database
-from web.api.rejections import Rejected
-from web.models import digest_matches, split_token
+from nodes import ratelimit
+from nodes.api.cards import from_database
+from nodes.api.rejections import Rejected
+from nodes.models import digest_matches, split_token
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class Caller:
     # The card came from Redis, current: no need to store it again.
     cached: bool
     redis_up: bool
-    # The client address the request came from: recorded with a new inventory (web/targets.py).
+    # The client address the request came from: recorded with a new inventory (nodes/targets.py).
     address: str = ""
     # The beat script has already applied the heartbeat and read the node's shards.
     applied: bool = False
@@ -81,7 +81,7 @@ def authenticate(
 ) -> Caller:
     """The node whose token this is, or a 401 or 429: nothing in the body can name another node.
 
-    A wrong token is counted against `address` (web/ratelimit.py); a right one
+    A wrong token is counted against `address` (nodes/ratelimit.py); a right one
     is accepted whatever else that address has sent.
 
     With the heartbeat given, an ordinary one is applied in the same round trip (`Caller.applied`).

@@ -26,10 +26,10 @@ import livestate
 from inventory.models import derive_state
 from livestate import loadlines, loadstore, selfmetrics
 from livestate.samples import labelset, line
-from web.metrics import families, inventory_series
-from web.metrics.exposition import RenderedFamily
-from web.metrics.families import Family
-from web.metrics.rowcache import RowCache
+from nodes.metrics import families, inventory_series
+from nodes.metrics.exposition import RenderedFamily
+from nodes.metrics.families import Family
+from nodes.metrics.rowcache import RowCache
 
 log = logging.getLogger(__name__)
 

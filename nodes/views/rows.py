@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from django.db.models import Count, QuerySet
 
 from inventory.models import GPU, Allocation, Filesystem, Node, NodeState
-from web.templatetags.llmgw import age, bar_class, gib
-from web.views.loads import Reading, heartbeat_age
+from nodes.templatetags.llmgw import age, bar_class, gib
+from nodes.views.loads import Reading, heartbeat_age
 
 # The node fields a row shows; nothing else is read from the node table.
 ROW_FIELDS = ("id", "hostname", "labels", "operator_labels", "admin_state", "liveness", "last_heartbeat")
@@ -53,9 +53,9 @@ class NodeRow:
     disk_free: str = ""
     disk_total: str = ""
     engines: int = 0
-    # Alerts firing for the node, from Prometheus (web/promalerts.py); set by the cluster view.
+    # Alerts firing for the node, from Prometheus (nodes/promalerts.py); set by the cluster view.
     alerts: int = 0
-    # Requests waiting on the node's engines, from Prometheus (web/promengines.py); set by the cluster view:
+    # Requests waiting on the node's engines, from Prometheus (nodes/promengines.py); set by the cluster view:
     # "?" when Prometheus cannot say, "" when the node has no engine metrics.
     waiting: str = ""
     heartbeat: str = ""

@@ -20,7 +20,7 @@ from django.db.models import Count
 import livestate
 from inventory.models import GPU, Node, NodeState, free_q, state_q
 from livestate import keys
-from web.views.loads import REDIS_DOWN, fresh_figures
+from nodes.views.loads import REDIS_DOWN, fresh_figures
 
 log = logging.getLogger(__name__)
 

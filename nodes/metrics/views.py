@@ -1,7 +1,7 @@
 """GET /metrics: the whole fleet, for Prometheus, behind an optional bearer token.
 
 Prometheus' scrape (OpenMetrics, gzip) is answered from the fleet's part that
-Celery beat rendered ahead (web/metrics/prerender.py) while it is young enough;
+Celery beat rendered ahead (nodes/metrics/prerender.py) while it is young enough;
 any other scrape, or one while no young render is stored, renders on request.
 """
 
@@ -19,8 +19,8 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import gzip_accepted
 
-from web.metrics import exposition, prerender
-from web.metrics.collector import FleetCollector
+from nodes.metrics import exposition, prerender
+from nodes.metrics.collector import FleetCollector
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from django.utils import timezone
 from agent import protocol
 from inventory.liveness import touch
 from inventory.registration import record_registration, upsert_inventory
-from web.models import JoinToken, NodeToken, digest, digest_matches
-from web.ratelimit import as_ip
+from nodes.models import JoinToken, NodeToken, digest, digest_matches
+from nodes.ratelimit import as_ip
 
 
 def join_token_name(token: str) -> str | None:
@@ -36,7 +36,7 @@ def register_node(
     An existing node keeps its admin state and is brought back to alive (a
     registration is a sign of life); its old token stops working at once.
     `address`, the client address the registration came from, is recorded as
-    the node's source address (web/targets.py).
+    the node's source address (nodes/targets.py).
     """
     now = now or timezone.now()
     with transaction.atomic():

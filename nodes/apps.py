@@ -1,20 +1,20 @@
 from django.apps import AppConfig
 
 
-class WebConfig(AppConfig):
+class NodesConfig(AppConfig):
     """The web app: the agent API, the pages, /metrics and the tokens agents hold.
 
-    Its label stays "nodes", the app's name before it was called what it is, so its
-    tables (nodes_jointoken, nodes_nodetoken) and migration history stay as they are.
+    Folder and label are both "nodes", so its tables (nodes_jointoken,
+    nodes_nodetoken) and migration history are the ones it always had.
     """
 
-    name = "web"
+    name = "nodes"
     label = "nodes"
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
         # Keeps the heartbeat path's cached node cards current: connected here, by
         # name, rather than by the side effect of importing a module.
-        from web.api import cards
+        from nodes.api import cards
 
         cards.connect_receivers()

@@ -18,7 +18,7 @@ from datetime import datetime
 
 from django.conf import settings
 
-from web import promquery, promshape
+from nodes import promquery, promshape
 
 MAX_AGE = 10.0
 # Shorter than the charts' deadline: this call sits in the cluster page's own render.

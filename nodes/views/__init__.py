@@ -1,7 +1,7 @@
 """The operator pages: the cluster page, the node page, and the actions staff take from them."""
 
-from web.views.actions import set_node_admin_state
-from web.views.cluster import cluster
-from web.views.node import node, node_charts
+from nodes.views.actions import set_node_admin_state
+from nodes.views.cluster import cluster
+from nodes.views.node import node, node_charts
 
 __all__ = ["cluster", "node", "node_charts", "set_node_admin_state"]

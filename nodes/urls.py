@@ -3,9 +3,9 @@ from django.templatetags.static import static
 from django.urls import path
 from django.views.generic import RedirectView
 
-from web import health, targets, views
-from web.api import views as api
-from web.metrics import views as metrics
+from nodes import health, targets, views
+from nodes.api import views as api
+from nodes.metrics import views as metrics
 
 urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
@@ -15,7 +15,7 @@ urlpatterns = [
     path("api/v1/heartbeat", api.heartbeat, name="api-heartbeat"),
     # Prometheus' service discovery of the engines (docs/placement.md).
     path("api/v1/prometheus/targets", targets.prometheus_targets, name="prometheus-targets"),
-    # Fleet metrics (web/metrics/).
+    # Fleet metrics (nodes/metrics/).
     path("metrics", metrics.metrics, name="metrics"),
     # The operator pages.
     path("", views.cluster, name="cluster"),
