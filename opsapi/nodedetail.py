@@ -18,7 +18,7 @@ from inventory.models import (
     ReplicaState,
     Shard,
 )
-from nodes.views.loads import fetch_readings, heartbeat_age
+from nodes.loads import fetch_readings, heartbeat_age
 from opsapi.nodelist import load_fields
 
 EVENTS_SHOWN = 20

@@ -69,7 +69,7 @@ def gzip(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 def render(now: float) -> tuple[str, bytes]:
     """The fleet's families as Prometheus asks for them, gzipped, without the closing "# EOF"."""
-    scrape = Scrape.take(now, max_age=max(settings.LLMGW_LOAD_MAX_AGE - valid_seconds(), 0.0))
+    scrape = Scrape.take(now, margin=valid_seconds())
     chunks, content_type = exposition.write(_Parts(_collector.fleet_families(scrape)), PROMETHEUS_FORMAT, end=False)
     return content_type, b"".join(gzip(chunks))
 
