@@ -44,8 +44,8 @@ from django.utils import timezone
 from inventory.events import change_and_record
 from inventory.models import RUN_STATES, Allocation, Liveness, Node, NodeEvent, ReplicaState, Shard
 from inventory.replicas import fail_replicas
+from lib.logs import OccasionalWarning
 from livestate import cards, heartbeats
-from llmgw_site.logs import OccasionalWarning
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import pytest
 from devstack.polling import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("agent", "inventory", "nodes", "llmgw_site")
+APPS = ("agent", "inventory", "nodes", "llmgw_site", "lib")
 NOT_OURS = {".venv", ".git", "var", "static", "node_modules"}
 
 
