@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import cgroups, engine_templates, leftovers, protocol
+from agent.details import with_last_lines
 
 log = logging.getLogger("agent.runner")
 
@@ -340,12 +341,4 @@ def with_tail(head: str, log: Path) -> str:
             lines = handle.read().decode(errors="replace").splitlines()
     except OSError:
         return head
-    kept: list[str] = []
-    room = protocol.MAX_DETAIL - len(head) - 1
-    for line in reversed([line for line in lines if line.strip()]):
-        line = line[:200]
-        if len(line) + 1 > room:
-            break
-        kept.insert(0, line)
-        room -= len(line) + 1
-    return "\n".join([head, *kept])
+    return with_last_lines(head, [line for line in lines if line.strip()])

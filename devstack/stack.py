@@ -271,13 +271,6 @@ class Stack:
         result = self.manage(*ensure_admin_arguments(password), capture=True)
         return password if "created" in result.stdout else None
 
-    def start_all(self) -> None:
-        self.start(self.redis_part())
-        self.start_web()
-        self.start(self.celery_part())
-        self.start(self.prometheus_part())
-        self.start(self.agent_part())
-
 
 def ensure_admin_arguments(password: str) -> list[str]:
     # The password as one argument, not two: one may begin with "-", which argparse would take for an option.

@@ -292,11 +292,6 @@ def apply_reports(effects: ReportEffects) -> set[str]:
     return set(effects.stopped) | effects.failed_shards
 
 
-def record_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.ShardStatus]) -> set[str]:
-    """Apply what a node's agent says of its shards, writing only what changed."""
-    return apply_reports(read_reports(node_id, shards, reports))
-
-
 def roll_up(replica_pks: Iterable[int], now: datetime | None = None) -> None:
     """A replica runs when all its shards run; it is starting while any has begun."""
     now = now or timezone.now()
