@@ -75,12 +75,15 @@ class Stack:
             proxy.Backend("web" if i == 0 else f"web-{i}", free_port(), self.workers) for i in range(web_instances)
         ]
         self.stats_socket = var_dir / "haproxy.sock"
-        if not self.env.get("LLMGW_JOIN_TOKEN") and not self.env.get("LLMGW_JOIN_TOKEN_FILE"):
-            token_file = var_dir / "join-token"
-            if not token_file.exists():
-                token_file.write_text(secrets.token_urlsafe(32))
-                token_file.chmod(0o600)
-            self.env["LLMGW_JOIN_TOKEN_FILE"] = str(token_file)
+        # The local agent's config (setup_demo) reads the cluster's join token from var/join-token.
+        self.join_token_file = var_dir / "join-token"
+        given = given_join_token(self.env)
+        if given:
+            write_secret(self.join_token_file, given)
+        else:
+            if not self.join_token_file.exists():
+                write_secret(self.join_token_file, secrets.token_urlsafe(32))
+            self.env["LLMGW_JOIN_TOKEN_FILE"] = str(self.join_token_file)
         self.parts: dict[str, Part] = {}
         # One-shot helpers (the demo's model fetch): stopped with the stack, never waited for.
         self.background: list[subprocess.Popen] = []
@@ -270,6 +273,21 @@ class Stack:
         password = secrets.token_urlsafe(12)
         result = self.manage(*ensure_admin_arguments(password), capture=True)
         return password if "created" in result.stdout else None
+
+
+def given_join_token(env: dict[str, str]) -> str:
+    """The join token the environment gives the control plane, read as its settings read it (the file first)."""
+    if env.get("LLMGW_JOIN_TOKEN_FILE"):
+        return Path(env["LLMGW_JOIN_TOKEN_FILE"]).read_text().strip()
+    return env.get("LLMGW_JOIN_TOKEN", "")
+
+
+def write_secret(path: Path, value: str) -> None:
+    """`value` into `path`, readable by its owner only, whatever the file held before."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(value)
+    path.chmod(0o600)
 
 
 def ensure_admin_arguments(password: str) -> list[str]:
