@@ -47,11 +47,13 @@ NODES ?= 2000
 soak: $(BIN)/.installed sysdeps-test
 	$(BIN)/python -m bench.soak --minutes $(MINUTES) --nodes $(NODES)
 
-# lint-imports holds the layers in pyproject.toml: web app > domain > live state > wire protocol.
+# lint-imports holds the layers in pyproject.toml: web app > domain > live state > wire protocol > lib;
+# mypy checks the types (pyproject.toml [tool.mypy]).
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 format: $(BIN)/.installed
 	$(BIN)/ruff format .

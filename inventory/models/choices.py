@@ -1,9 +1,23 @@
 """The states a node can be in, and the one colour map every page uses."""
 
+from typing import TYPE_CHECKING, ClassVar
+
 from django.db import models
 
+if TYPE_CHECKING:
+    from enum import StrEnum
 
-class ValueChoices(models.TextChoices):
+    class _TextChoices(StrEnum):
+        """What mypy is told of Django's TextChoices, since Django ships no types: a str enum with its lists."""
+
+        values: ClassVar[list[str]]
+        choices: ClassVar[list[tuple[str, str]]]
+
+else:
+    _TextChoices = models.TextChoices
+
+
+class ValueChoices(_TextChoices):
     """Choices shown as they are stored ("cordoned"), where Django would title-case the name ("Cordoned")."""
 
     @property
