@@ -12,7 +12,7 @@ This module imports nothing but msgspec: the agent must not pull in Django.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -140,13 +140,16 @@ class Fabric(Struct):
     rate_gbps: Count = 0
 
 
+InstallState = Literal["installing", "ready", "failed", "unsupported"]
+
+
 class EngineInstall(Struct):
     """Where installing one engine stands on the node."""
 
     engine: Text
     version: Text = ""
     variant: Text = ""
-    state: Literal["installing", "ready", "failed", "unsupported"] = "ready"
+    state: InstallState = "ready"
     detail: Detail = ""
 
 
@@ -289,6 +292,6 @@ def encode(message: Struct) -> bytes:
     return encoder.encode(message)
 
 
-def decode(body: bytes, kind: type[Struct]):
+def decode(body: bytes, kind: Any) -> Any:
     """Decode and validate; raises msgspec.ValidationError or DecodeError."""
     return msgspec.json.decode(body, type=kind)

@@ -236,12 +236,13 @@ class Stack:
             start_new_session=True,
         )
         self.parts[part.name] = part
-        if part.ready is not None:
+        ready, process = part.ready, part.process
+        if ready is not None:
 
             def ready_or_dead() -> bool:
-                if part.process.poll() is not None:
-                    raise RuntimeError(f"{part.name} exited with {part.process.returncode}; see {log.name}")
-                return part.ready()
+                if process.poll() is not None:
+                    raise RuntimeError(f"{part.name} exited with {process.returncode}; see {log.name}")
+                return ready()
 
             wait_until(ready_or_dead, timeout, f"{part.name} to be ready")
 

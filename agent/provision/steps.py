@@ -64,6 +64,7 @@ class Context:
                 raise InstallError(f"{step}: cannot run {argv[0]}: {exc.strerror}") from None
             self.process = process
             recent: list[str] = []
+            assert process.stdout is not None  # stdout=PIPE
             for line in process.stdout:
                 log.write(line)
                 recent = [*recent[-(self.tail_lines - 1) :], line.rstrip()]
