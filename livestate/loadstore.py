@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
-from typing import NamedTuple, TypeVar
+from typing import NamedTuple, TypeVar, cast
 
 import msgspec
 from django.conf import settings
@@ -77,7 +77,7 @@ _decoders = {shape: msgspec.msgpack.Decoder(shape) for shape in (StoredLoad, Sto
 def decode(raw: bytes, shape: type[Stored]) -> Stored | None:
     """A stored load, whole or its figures only; None if it cannot be read (written by another version)."""
     try:
-        return _decoders[shape].decode(raw)
+        return cast(Stored, _decoders[shape].decode(raw))
     except msgspec.DecodeError:
         return None
 
@@ -132,8 +132,9 @@ def _fetch(node_ids: Iterable[str], shape: type[Stored], fresh_only: bool, now: 
     ids = list(node_ids)
     if not ids:
         return {}
-    found = {}
-    for node_id, raw in zip(ids, livestate.client().mget([keys.load(i) for i in ids]), strict=True):
+    found: dict[str, Stored] = {}
+    stored_loads = cast(list[bytes | None], livestate.client().mget([keys.load(i) for i in ids]))
+    for node_id, raw in zip(ids, stored_loads, strict=True):
         stored = decode(raw, shape) if raw is not None else None
         if stored is None or (fresh_only and not is_fresh(stored.received_at, now)):
             continue

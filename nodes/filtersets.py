@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import redis
 from django.db.models import Q, QuerySet
@@ -104,7 +103,8 @@ class TableQuery:
         return queryset
 
 
-class SortedNodes(NamedTuple):
+@dataclass(frozen=True)
+class SortedNodes:
     """The nodes a table query matches, in its order: how many, and a function reading those from `start` to `end`."""
 
     count: int

@@ -60,10 +60,10 @@ class Reading:
 
     @property
     def memory_percent(self) -> float | None:
-        total = self.memory_total
-        if not total:
+        load, total = self.load, self.memory_total
+        if load is None or not total:
             return None
-        return 100 * self.load.memory_used_bytes / total
+        return 100 * load.memory_used_bytes / total
 
 
 def heartbeat_age(last_heartbeat: datetime | None, reading: Reading, now: float) -> float | None:

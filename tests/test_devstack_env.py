@@ -58,8 +58,8 @@ def test_the_whole_example_is_what_the_stacks_processes_are_set_to(tmp_path):
     show = (
         "import json; from django.conf import settings; "
         f"names = {names!r}; "
-        "value = lambda v: [str(x) for x in v] if isinstance(v, list | tuple) else v if isinstance(v, bool | int | float) "
-        "else str(v); "
+        "value = lambda v: [str(x) for x in v] if isinstance(v, list | tuple) "
+        "else v if isinstance(v, bool | int | float) else str(v); "
         "print(json.dumps({n: value(getattr(settings, s)) for n, s in names.items() if hasattr(settings, s)}))"
     )
     seen = json.loads(stack.manage("shell", "--no-imports", "-c", show, capture=True).stdout)

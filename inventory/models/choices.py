@@ -7,17 +7,20 @@ from django.db import models
 if TYPE_CHECKING:
     from enum import StrEnum
 
-    class _TextChoices(StrEnum):
-        """What mypy is told of Django's TextChoices, since Django ships no types: a str enum with its lists."""
+    class TextChoices(StrEnum):
+        """What mypy is told of Django's TextChoices (Django ships no types): a str enum with its lists.
+
+        Every TextChoices of the inventory derives from this name, so mypy checks their members as enums.
+        """
 
         values: ClassVar[list[str]]
         choices: ClassVar[list[tuple[str, str]]]
 
 else:
-    _TextChoices = models.TextChoices
+    TextChoices = models.TextChoices
 
 
-class ValueChoices(_TextChoices):
+class ValueChoices(TextChoices):
     """Choices shown as they are stored ("cordoned"), where Django would title-case the name ("Cordoned")."""
 
     @property
@@ -86,7 +89,9 @@ def _first_match(admin_state: str, liveness: str) -> NodeState:
 
 # Every pair worked out once: derive_state runs per node in placement and
 # /metrics, 10,000 times a pass, so it is one dict lookup.
-_STATE_OF = {(admin, live): _first_match(admin, live) for admin in AdminState for live in Liveness}
+_STATE_OF: dict[tuple[str, str], NodeState] = {
+    (admin, live): _first_match(admin, live) for admin in AdminState for live in Liveness
+}
 
 
 def derive_state(admin_state: str, liveness: str) -> NodeState:

@@ -198,7 +198,7 @@ def _render_node(facts: inventory_series.NodeFacts) -> RenderedNode:
 
 
 class RenderedGPUs(NamedTuple):
-    count: bytes
+    count: bytes  # type: ignore[assignment]  # a field named as tuple's method: a NamedTuple allows it
     free: bytes
     memory: bytes
 

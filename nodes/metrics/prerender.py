@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Iterable, Iterator
+from typing import cast
 
 import redis
 from django.conf import settings
@@ -85,7 +86,7 @@ def store(now: float) -> int:
 def fetch(now: float, content_type: str) -> bytes | None:
     """The stored fleet part if it is young enough and in this format; None means render on request."""
     try:
-        raw = livestate.client().get(keys.METRICS_FLEET)
+        raw = cast(bytes | None, livestate.client().get(keys.METRICS_FLEET))
     except redis.RedisError:
         return None
     if not raw:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import msgspec
 import redis
@@ -105,7 +106,7 @@ def fleet_totals(now: float) -> tuple[FleetTotals, str | None]:
     """The shared totals if fresh enough, else computed now and shared."""
     client = livestate.client()
     try:
-        raw = client.get(TOTALS_KEY)
+        raw = cast(bytes | None, client.get(TOTALS_KEY))
         if raw is not None:
             try:
                 return _decoder.decode(raw), None
