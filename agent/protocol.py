@@ -124,12 +124,15 @@ class Filesystem(Struct):
     shared: bool = False
 
 
+WeightsFormat = Literal["safetensors", "bin", "gguf", "other"]
+
+
 class Weights(Struct):
     """Model files the node can see: a model directory or a single GGUF file."""
 
     path: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_DETAIL)]
     size_bytes: Bytes = 0
-    format: Literal["safetensors", "bin", "gguf", "other"] = "other"
+    format: WeightsFormat = "other"
 
 
 class Fabric(Struct):

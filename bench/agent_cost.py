@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -116,13 +117,14 @@ def main() -> None:
             for _ in range(3):
                 exporter.scrape()  # warm-up: the first scrapes allocate
 
-            agent_cycles, scrapes = [], []
+            agent_cycles: list[float] = []
+            scrapes: list[float] = []
             seen, last = plane.accepted(), cpu_ns(agent.pid)
             while len(agent_cycles) < CYCLES:
                 before = cpu_ns(exporter.process.pid)
                 exporter.scrape()
                 scrapes.append((cpu_ns(exporter.process.pid) - before) / 1e6)
-                wait_until(lambda seen=seen: plane.accepted() > seen, 10, "the next heartbeat", interval=0.002)
+                wait_until(partial(plane.accepted_more_than, seen), 10, "the next heartbeat", interval=0.002)
                 now = cpu_ns(agent.pid)
                 # The heartbeat just arrived: the agent's cycle (sample, poll, beat) is over.
                 agent_cycles.append((now - last) / 1e6 / (plane.accepted() - seen))
@@ -234,7 +236,8 @@ def big_host() -> list[dict]:
                     fake.usage_usec += 5_000_000
                     fake.write()
                 readings.append(_ask(child))
-            child.stdin.close()
+            if child.stdin is not None:
+                child.stdin.close()
             child.wait(30)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -265,6 +268,7 @@ def sampler_command(proc: Path, cgroup_root: Path, mode: str, leaders: str) -> l
 
 
 def _ask(child: subprocess.Popen) -> dict:
+    assert child.stdin is not None and child.stdout is not None  # both PIPE
     child.stdin.write("sample\n")
     child.stdin.flush()
     return json.loads(child.stdout.readline())
@@ -279,9 +283,12 @@ def sample_fixture(proc: str, cgroup_root: str, mode: str, leaders: str) -> None
     from agent.load import Sampler
 
     groups = {f"e{i}": int(pid) for i, pid in enumerate(leaders.split(","))}
-    placements = {}
+    placements: dict[str, cgroups.Placement] = {}
     if mode == "cgroup":
-        placements = {shard: cgroups.Cgroups(Path(cgroup_root)).place(shard) for shard in groups}
+        for shard in groups:
+            placement = cgroups.Cgroups(Path(cgroup_root)).place(shard)
+            if placement is not None:
+                placements[shard] = placement
     sampler = Sampler(Path(proc))
     first = True
     for _ in sys.stdin:

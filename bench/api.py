@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from devstack.redis_server import RedisServer
 
@@ -107,7 +108,7 @@ def run() -> int:
 
     list_urls = {sort: f"/api/ops/v1/nodes/?{FILTERS}&sort={sort}&page_size=100" for sort in SORTS}
     counted: dict[str, list[int]] = {}
-    results = []
+    results: list[dict[str, Any]] = []
     rows = []
     for size in (1_000, 10_000):
         make_fleet(size - (1_000 if size == 10_000 else 0), prefix=f"s{size}-")

@@ -45,6 +45,13 @@ class Part:
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
 
+    @property
+    def pid(self) -> int:
+        """The started process's pid."""
+        if self.process is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self.process.pid
+
 
 class Stack:
     """The stack's processes, started in order and stopped in reverse."""

@@ -67,7 +67,7 @@ def prometheus(tmp_path_factory):
     exposition.stop()
 
 
-def running(name: str, node_id: str = "ready-1", engine: str = Engine.SGLANG) -> str:
+def running(name: str, node_id: str = "ready-1", engine: str = str(Engine.SGLANG)) -> str:
     """A shard of deployment `name` on `node_id` that its agent reports running; returns its id."""
     replica = place(name, {node_id: [0 if name == "chat" else 1]}, model=f"org/{name}")
     Deployment.objects.filter(pk=replica.deployment.pk).update(engine=engine)

@@ -69,7 +69,7 @@ def check_invariants(placed_now: list[str], schedulable: set[str]) -> None:
     claims = Counter(GPUClaim.objects.values_list("node_id", "gpu_index"))
     assert all(n == 1 for n in claims.values()), "a GPU in two allocations"
     assert set(claims) <= set(gpus), "a claim on a GPU its node no longer reports"
-    memory = defaultdict(int)
+    memory: defaultdict[str, int] = defaultdict(int)
     for allocation in Allocation.objects.all():
         memory[allocation.node_id] += allocation.memory_gb
     for node_row in Node.objects.all():
