@@ -19,6 +19,7 @@ from typing import NamedTuple, TypeVar, cast
 
 import msgspec
 from django.conf import settings
+from redis.client import Pipeline
 
 import livestate
 from agent.protocol import Load
@@ -32,7 +33,8 @@ def is_fresh(received_at: float, now: float, margin: float = 0.0) -> bool:
     `margin`: how much longer the caller's answer is kept (a pre-rendered
     /metrics), so that no load older than LLMGW_LOAD_MAX_AGE is ever served.
     """
-    return now - received_at <= max(settings.LLMGW_LOAD_MAX_AGE - margin, 0.0)
+    max_age: float = settings.LLMGW_LOAD_MAX_AGE
+    return now - received_at <= max(max_age - margin, 0.0)
 
 
 class StoredLoad(msgspec.Struct, frozen=True):
@@ -102,7 +104,7 @@ def expiry_seconds() -> int:
     return max(int(settings.LLMGW_LOAD_MAX_AGE * 2), 1)
 
 
-def save(node_id: str, load: Load, received_at: float, pipe=None) -> None:
+def save(node_id: str, load: Load, received_at: float, pipe: Pipeline | None = None) -> None:
     """Store a node's load and its /metrics lines; both expire once nobody may show them."""
     target = pipe if pipe is not None else livestate.client().pipeline(transaction=False)
     expiry = expiry_seconds()
@@ -113,7 +115,7 @@ def save(node_id: str, load: Load, received_at: float, pipe=None) -> None:
         target.execute()
 
 
-def queue_read_lines(pipe, node_ids: list[str]) -> None:
+def queue_read_lines(pipe: Pipeline, node_ids: list[str]) -> None:
     """Queue the read of many nodes' /metrics lines on a pipeline; `loadlines.parse` reads each answer."""
     pipe.mget([keys.load_lines(i) for i in node_ids])
 
