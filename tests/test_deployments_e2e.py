@@ -50,7 +50,7 @@ def test_the_demo_deployment_runs_and_prometheus_scrapes_its_engines(tmp_path, r
         stack.start_web()
         stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
-        # The stand-in engine alone: Gemma on llama.cpp has its own test (tests/test_demo_gemma_e2e.py).
+        # The stand-in engine alone: Gemma on llama.cpp has its own test (tests/browser/test_demo_gemma.py).
         stack.manage("setup_demo", "--var-dir", str(tmp_path), "--control-plane", base, "--no-gemma", capture=True)
         stack.start(stack.agent_part())
 
