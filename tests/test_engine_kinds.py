@@ -7,12 +7,19 @@ installs come from the records; and no module outside agent/enginekinds/ spells 
 
 from __future__ import annotations
 
+import ast
+import typing
+from collections.abc import Iterable
+from pathlib import Path
+
 import pytest
 
 from agent import config as agent_config
 from agent import enginekinds
-from agent.enginekinds import Launch
-from inventory import desired
+from agent.enginekinds import Launch, Signal
+from agent.provision import Want
+from agent.shard_config import EngineName
+from inventory import desired, engine_wants
 from inventory.models import Deployment, Engine, Shard
 
 CONFIG = {"control_plane": "http://cp.example:8000", "join_token": "x", "engines": {}}
@@ -114,3 +121,125 @@ def test_the_control_plane_builds_commands_from_the_agents_templates():
     assert desired.command(deployment, shard, "a:1") == enginekinds.command_line(Engine.SGLANG, launch)
     # The control plane's SGLang shards export metrics, as the agent's own do.
     assert "--enable-metrics" in desired.command(deployment, shard, "a:1")
+
+
+# -- one record, and nowhere else ---------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+# Every package of the product: the agent, the control plane's apps and site, the CLI.
+PACKAGES = ("agent", "inventory", "nodes", "opsapi", "livestate", "llmgwctl", "llmgw_site")
+RECORDS = ROOT / "agent" / "enginekinds"
+# The same words in another sense, each with where and why; a kind named there in a kind's
+# sense would still be caught, as every other word of those files is checked.
+OTHER_SENSES = {
+    ("llmgwctl/main.py", "command"): "argparse's name for the sub-command",
+    ("agent/demo_engine.py", "demo"): "the model name the stand-in serves by default",
+    ("inventory/management/commands/setup_demo.py", "demo"): "the demo deployment's name and model",
+}
+
+
+def kind_literals(path: Path, names: Iterable[str]) -> list[tuple[int, str]]:
+    """(line, word) of each string literal in `path` that is exactly an engine kind's name."""
+    wanted = set(names)
+    tree = ast.parse(path.read_text(), str(path))
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in wanted
+    ]
+
+
+def sources(packages: Iterable[str], root: Path = ROOT) -> list[Path]:
+    found = []
+    for package in packages:
+        folder = root / package
+        # A check of a folder that is gone passes without reading anything: fail instead.
+        assert folder.is_dir(), f"{folder} is missing: the check would read nothing there"
+        found += [p for p in sorted(folder.rglob("*.py")) if "migrations" not in p.parts]
+    return found
+
+
+def test_no_module_outside_the_records_names_an_engine_kind():
+    named = []
+    for path in sources(PACKAGES):
+        if path.is_relative_to(RECORDS):
+            continue
+        where = str(path.relative_to(ROOT))
+        named += [
+            f"{where}:{line}: {word!r}"
+            for line, word in kind_literals(path, enginekinds.NAMES)
+            if (where, word) not in OTHER_SENSES
+        ]
+    assert named == [], "engine kinds are named in agent/enginekinds/ only"
+
+
+def test_the_check_finds_a_kind_named_elsewhere(tmp_path):
+    (tmp_path / "inventory").mkdir()
+    (tmp_path / "inventory" / "wrong.py").write_text(
+        'INSTALLED = {"sglang": "0.5.3"}\n\ndef f(engine):\n    return engine == "command"\n'
+    )
+    [path] = sources(["inventory"], tmp_path)
+    assert kind_literals(path, enginekinds.NAMES) == [(1, "sglang"), (4, "command")]
+
+
+def test_the_check_fails_when_a_package_is_missing(tmp_path):
+    with pytest.raises(AssertionError, match="missing"):
+        sources(["web"], tmp_path)
+
+
+def test_the_other_senses_are_still_there():
+    # An exception for a word no longer present would hide the next real use of it.
+    for where, word in OTHER_SENSES:
+        assert word in [w for _, w in kind_literals(ROOT / where, enginekinds.NAMES)], where
+
+
+# -- what is derived from the records -------------------------------------------------------------
+
+
+def test_the_agent_config_accepts_exactly_the_kinds():
+    assert typing.get_args(EngineName) == enginekinds.NAMES
+
+
+def test_the_demo_engine_is_an_ordinary_record():
+    demo = enginekinds.get(Engine.DEMO)
+    config = agent_config.from_mapping(
+        {**CONFIG, "shards": [{"shard": "d", "engine": "demo", "model": "chat", "port": 8100}]}
+    )
+    (spec,) = agent_config.shard_specs(config)
+    assert spec.command == [
+        "python3",
+        "-m",
+        "agent.demo_engine",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        "8100",
+        "--model",
+        "chat",
+    ]
+    assert demo.runs(spec.command) and demo.install is None and demo.readiness is enginekinds.Readiness.HEALTH
+    # It exports vLLM's names, so its shards chart like vLLM's.
+    assert Signal.REQUESTS_WAITING in demo.metric_names()
+
+
+def test_the_agent_installs_what_the_records_say():
+    installable = {kind.name: kind.install for kind in enginekinds.KINDS if kind.install}
+    assert frozenset(installable) == engine_wants.INSTALLED_BY_LLMGW
+    for name, install in installable.items():
+        assert Want(name).resolved() == Want(name, install.pinned, install.default_variant)
+    assert Want(Engine.COMMAND).resolved() == Want(Engine.COMMAND)
+
+
+def test_the_default_probes_are_the_records():
+    assert agent_config.default_probes() == {kind.name: list(kind.probe) for kind in enginekinds.KINDS if kind.probe}
+
+
+@pytest.mark.parametrize("kind", enginekinds.KINDS, ids=lambda kind: kind.name)
+def test_every_command_a_kind_builds_is_one_its_agent_runs(kind):
+    extra = ("/opt/engine", "--port", "{port}") if kind.free_form else ("--x",)
+    launch = Launch("/m", 9000, extra=extra)
+    versions = [t.since for t in kind.templates] or [""]
+    for version in versions:
+        argv = kind.command_line(launch, version)
+        assert kind.runs(argv, allowed_programs=["/opt/engine"]), (kind.name, version, argv)
+    assert not kind.runs(["/bin/sh", "-c", "id"])
