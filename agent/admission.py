@@ -7,11 +7,11 @@ can write it must not get to run anything on the node, so the agent decides:
 - the program comes from the shard's engine kind (`agent.enginekinds`): a command must
   start with what one of the kind's templates starts with, and a free-form kind
   (`command`) may run only a program the node's own config lists in `command_programs`;
-- a model given as a path, and every path among the arguments, lies inside the node's
-  `model_dirs`;
-- arguments and environment values hold no control characters, and the environment
-  names only what the control plane sets (`SHARD_ENV`, `LLMGW_*`), never `PATH`,
-  `LD_PRELOAD` or `PYTHONPATH`;
+- a model given as a path lies inside the node's `model_dirs`, and so does every path
+  among a templated engine's arguments;
+- the environment names only what the control plane sets (`SHARD_ENV`, `LLMGW_*`),
+  never `PATH`, `LD_PRELOAD` or `PYTHONPATH`; no argument or value holds a NUL byte
+  (which would stop the process from being started at all);
 - an engine name, version or variant is one plain word, checked before any path is built
   from it (a version `../../etc/ssl/private/x` would otherwise be removed with rmtree).
 
@@ -34,8 +34,6 @@ SHARD_ENV_PREFIX = "LLMGW_"
 _ENV_NAME = re.compile(r"^[A-Z][A-Z0-9_]*\Z")
 # A version or variant: letters, digits and . _ + -, starting with a letter or digit: never a path.
 _WORD = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,63}\Z")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-MAX_WORD = protocol.MAX_DETAIL
 
 
 @dataclass(frozen=True)
@@ -71,17 +69,15 @@ def shard_refusal(spec: protocol.ShardSpec, allowed: Allowed) -> str | None:
             program = spec.command[0] if spec.command else ""
             return f"refused: {program!r} is not among this node's command_programs"
         return f"refused: the command does not start with a program of the {kind.name} engine"
-    for word in (*spec.command, spec.model, *spec.env.values()):
-        if len(word) > MAX_WORD or _CONTROL.search(word):
-            return f"refused: an argument or value longer than {MAX_WORD} characters or with control characters"
+    if any("\x00" in word for word in (*spec.command, spec.model, *spec.env.values())):
+        return "refused: an argument or value holds a NUL byte"
     for name in spec.env:
         if not env_allowed(name):
             return f"refused: the environment variable {name!r} is not one the control plane sets"
-    if kind.free_form:
-        # The operator allowed the program; its arguments are the operator's deployment.
-        return None
     paths = [spec.model] if spec.model.startswith("/") else []
-    paths += [path for word in spec.command for path in _paths_in(word)]
+    if not kind.free_form:
+        # A free-form program's arguments are the deployment the node's operator allowed it for.
+        paths += [path for word in spec.command for path in _paths_in(word)]
     for path in paths:
         if not inside(path, allowed.model_dirs):
             return f"refused: {path!r} is outside this node's model_dirs"

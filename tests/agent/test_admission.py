@@ -110,11 +110,22 @@ def test_an_environment_the_control_plane_does_not_set_is_refused(models, name):
 
 
 @pytest.mark.parametrize("where", ["argument", "env"])
-def test_control_characters_are_refused(models, where):
+def test_a_nul_byte_is_refused_rather_than_crashing_the_start(models, where):
     bad = "x\x00y"
     command = ["python3", "-m", "agent.demo_engine", *([bad] if where == "argument" else [])]
     shard = spec("demo", command, env={"LLMGW_SHARD": bad} if where == "env" else {})
-    assert "control characters" in refusal(shard, models)
+    assert "NUL byte" in refusal(shard, models)
+
+
+def test_a_free_form_model_path_stays_inside_model_dirs_too(models):
+    allowed = ("/usr/bin/sleep",)
+    assert refusal(spec("command", ["/usr/bin/sleep", "60"], str(models / "q.gguf")), models, allowed) is None
+    assert "outside" in refusal(spec("command", ["/usr/bin/sleep", "60"], "/etc/shadow"), models, allowed)
+
+
+def test_a_multi_line_argument_is_no_reason_to_refuse(models):
+    template = "{% for m in messages %}\n{{ m.content }}\n{% endfor %}"
+    assert refusal(spec("vllm", ["vllm", "serve", "Qwen/Qwen3-8B", "--chat-template", template]), models) is None
 
 
 @pytest.mark.parametrize(
