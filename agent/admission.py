@@ -74,11 +74,11 @@ def shard_refusal(spec: protocol.ShardSpec, allowed: Allowed) -> str | None:
     for name in spec.env:
         if not env_allowed(name):
             return f"refused: the environment variable {name!r} is not one the control plane sets"
-    paths = [spec.model] if spec.model.startswith("/") else []
+    paths = {spec.model} if spec.model.startswith("/") else set()
     if not kind.free_form:
         # A free-form program's arguments are the deployment the node's operator allowed it for.
-        paths += [path for word in spec.command for path in _paths_in(word)]
-    for path in paths:
+        paths.update(path for word in spec.command for path in _paths_in(word))
+    for path in sorted(paths):
         if not inside(path, allowed.model_dirs):
             return f"refused: {path!r} is outside this node's model_dirs"
     return None
