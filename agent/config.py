@@ -16,8 +16,7 @@ from urllib.parse import urlparse
 import msgspec
 import yaml
 
-from agent import protocol
-from agent.engines import DEFAULT_PROBES, ENGINES
+from agent import enginekinds, protocol
 from agent.shard_config import ShardConfig
 
 # \Z, not $: $ would also match before a final newline.
@@ -67,11 +66,13 @@ class Config(_Strict):
     cgroup_root: str = ""
     # Where engine builds are kept for every agent on the machine; empty: ~/.cache/llmgw/engines.
     engine_cache: str = ""
+    # The programs a `command` shard from the control plane may run, by exact name; empty: none.
+    command_programs: Annotated[list[str], msgspec.Meta(max_length=protocol.MAX_ENGINES)] = []
 
     @property
     def engine_commands(self) -> dict[str, list[str]]:
-        """Each engine's command prefix: the configured one, else the usual binary name."""
-        given = DEFAULT_PROBES if self.engines is None else self.engines
+        """Each engine's command prefix: the configured one, else the binary its kind probes."""
+        given = default_probes() if self.engines is None else self.engines
         return {name: [cmd] if isinstance(cmd, str) else list(cmd) for name, cmd in given.items()}
 
     def read_join_token(self) -> str:
@@ -85,6 +86,11 @@ class Config(_Strict):
 
 
 KEYS = tuple(Config.__struct_fields__)
+
+
+def default_probes() -> dict[str, str | list[str]]:
+    """What `engines` means when the config does not say: the binaries the kinds usually install."""
+    return {kind.name: list(kind.probe) for kind in enginekinds.KINDS if kind.probe}
 
 
 def load(path: str | Path) -> Config:
@@ -153,6 +159,9 @@ def _check(config: Config) -> None:
     for name, command in config.engine_commands.items():
         if not command or not all(command):
             raise ConfigError(f"engines.{name}: expected a binary or a non-empty list of arguments")
+    for program in config.command_programs:
+        if not program or "\x00" in program:
+            raise ConfigError(f"command_programs: expected program names or paths, got {program!r}")
     seen = set()
     for i, shard in enumerate(config.shards):
         where = f"shards[{i}]"
@@ -161,12 +170,13 @@ def _check(config: Config) -> None:
         if shard.shard in seen:
             raise ConfigError(f"{where}.shard: {shard.shard!r} is given twice")
         seen.add(shard.shard)
-        if shard.engine == "command" and not shard.command:
-            raise ConfigError(f"{where}.command: required when engine is command")
-        if shard.engine != "command" and not shard.model:
-            raise ConfigError(f"{where}.model: required for engine {shard.engine}")
-        if shard.engine != "command" and shard.command:
-            raise ConfigError(f"{where}.command: only for engine command; use args to add to {shard.engine}'s")
+        kind = enginekinds.get(shard.engine)
+        if kind.free_form and not shard.command:
+            raise ConfigError(f"{where}.command: required when engine is {kind.name}")
+        if kind.needs_model and not shard.model:
+            raise ConfigError(f"{where}.model: required for engine {kind.name}")
+        if not kind.free_form and shard.command:
+            raise ConfigError(f"{where}.command: only for free-form engines; use args to add to {kind.name}'s")
     names = [fabric.name for fabric in config.fabrics]
     if len(set(names)) != len(names):
         raise ConfigError("fabrics: a fabric name is given twice")
@@ -185,12 +195,20 @@ def shard_specs(config: Config) -> list[protocol.ShardSpec]:
             replica=shard.replica or shard.shard,
             model=shard.model,
             engine=shard.engine,
-            command=ENGINES[shard.engine](config.engine_commands.get(shard.engine), shard),
+            command=configured_command(config, shard),
             env=dict(shard.env),
             port=shard.port,
         )
         for shard in config.shards
     ]
+
+
+def configured_command(config: Config, shard: ShardConfig) -> list[str]:
+    """A configured shard's command line: its kind's template, with the configured binary as the program."""
+    kind = enginekinds.get(shard.engine)
+    prefix = shard.command if kind.free_form else config.engine_commands.get(kind.name)
+    launch = enginekinds.Launch(model=shard.model, port=shard.port, extra=tuple(shard.args))
+    return kind.command_line(launch, prefix=prefix)
 
 
 def default_node_id(etc: Path = Path("/etc")) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 import msgspec
 import requests
 
-from agent import cgroups, leftovers, protocol
+from agent import admission, cgroups, leftovers, protocol
 from agent import config as agent_config
 from agent.client import ControlPlane, Rejected, TokenStore, Unauthorized, Unavailable
 from agent.discovery import Discoverer, inventory_hash
@@ -90,6 +90,9 @@ class Agent:
             backoff_cap=tuning.install_backoff_cap,
         )
         self.configured_shards = agent_config.shard_specs(config)
+        self.allowed = admission.Allowed(tuple(config.model_dirs), tuple(config.command_programs))
+        # Shards of the last reply the agent would not run, and why: reported as failed with each beat.
+        self.refused: dict[str, str] = {}
 
         self.started = False
         self.stopping = threading.Event()
@@ -216,11 +219,22 @@ class Agent:
             inventory_hash=digest,
             inventory=inventory if with_inventory else None,
             load=load,
-            shards=self.runner.statuses(),
+            shards=self.shard_statuses(),
             sent_at=time.time(),
             boot_id=self.boot_id,
             seq=next(self._numbers),
         )
+
+    def shard_statuses(self) -> list[protocol.ShardStatus]:
+        """What the runner runs, and each shard of the reply refused, as failed with the reason."""
+        statuses = self.runner.statuses()
+        running = {status.shard for status in statuses}
+        refused = [
+            protocol.ShardStatus(shard=shard, state="failed", detail=reason[: protocol.MAX_DETAIL])
+            for shard, reason in sorted(self.refused.items())
+            if shard not in running
+        ]
+        return [*statuses, *refused][: protocol.MAX_SHARDS]
 
     def with_provision(self) -> tuple[protocol.Inventory, str]:
         """The discovered inventory with the installs as they stand now, and its hash.
@@ -289,14 +303,28 @@ class Agent:
         if reply.engines is not None:
             self.provisioner.want([Want(e.engine, e.version, e.variant) for e in reply.engines])
         # None: the control plane does not manage shards, so the config's run; a list: exactly those.
-        self.runner.reconcile(self.configured_shards if reply.shards is None else self._runnable(reply.shards))
+        if reply.shards is None:
+            self.refused = {}
+            self.runner.reconcile(self.configured_shards)
+        else:
+            self.runner.reconcile(self._runnable(reply.shards))
 
     def _runnable(self, specs: list[protocol.ShardSpec]) -> list[protocol.ShardSpec]:
-        """Specs the agent can run and report on; another would make every later heartbeat invalid."""
+        """Specs the agent may run (agent/admission.py) and can report on; the others are refused.
+
+        A refused shard with a valid id is reported failed with the reason; one without cannot be
+        named in a heartbeat (it would make every later one invalid), so it is only logged."""
         runnable = []
+        refused: dict[str, str] = {}
         for spec in specs[: protocol.MAX_SHARDS]:
-            if not agent_config.valid_id(spec.shard) or not spec.command:
-                self._complain("ignoring shard %r from the control plane: bad id or empty command", spec.shard)
+            if not agent_config.valid_id(spec.shard):
+                self._complain("ignoring shard %r from the control plane: not a valid shard id", spec.shard[:200])
+                continue
+            reason = admission.shard_refusal(spec, self.allowed)
+            if reason is not None:
+                if spec.shard not in self.refused:
+                    log.warning("shard %s from the control plane %s", spec.shard, reason)
+                refused[spec.shard] = reason
                 continue
             if self.provisioner.wanted(spec.engine):
                 installed = self.provisioner.ready(spec.engine)
@@ -305,6 +333,7 @@ class Agent:
                     continue
                 spec = with_engine_on_path(spec, installed, self.runner.env)
             runnable.append(spec)
+        self.refused = refused
         return runnable
 
     def _set_interval(self, seconds: float) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import cgroups, engine_templates, leftovers, protocol
+from agent import cgroups, enginekinds, leftovers, protocol
 from agent.details import with_last_lines
 
 log = logging.getLogger("agent.runner")
@@ -308,12 +308,12 @@ class Runner:
 
 
 def _ready(shard: Shard) -> bool:
-    """Running once the engine answers: a known engine's /health says 200 (llama-server and vLLM open
-    their port before the model is loaded), another engine accepts connections on its port; a shard
-    without a port once it is alive."""
+    """Running once the engine answers as its kind's record says (`Readiness`); a shard without a
+    port once it is alive."""
     if not shard.spec.port:
         return True
-    if shard.spec.engine in engine_templates.TEMPLATES:
+    kind = enginekinds.BY_NAME.get(shard.spec.engine)
+    if kind is not None and kind.readiness is enginekinds.Readiness.HEALTH:
         return _healthy(shard.spec.port)
     try:
         with socket.create_connection(("127.0.0.1", shard.spec.port), timeout=0.05):

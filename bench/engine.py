@@ -31,8 +31,8 @@ from pathlib import Path
 
 import psutil
 
-from agent import engine_templates, protocol
-from agent.engine_templates import Launch
+from agent import enginekinds, protocol
+from agent.enginekinds import Launch
 from agent.model_fetch import GEMMA_3_270M, fetch
 from agent.provision import Provisioner, Want
 from bench.agent_cost import cpu_ns, write_results
@@ -41,7 +41,7 @@ from devstack.polling import wait_until
 from devstack.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-VERSION = engine_templates.PINNED["llama.cpp"]
+VERSION = enginekinds.get("llama.cpp").pinned
 SHARD = "gemma-0"
 WARMUP_BEATS = 3
 WINDOW_BEATS = 30
@@ -144,7 +144,7 @@ def main() -> None:
     var = Path(tempfile.mkdtemp(prefix="engine-bench-"))
     model = fetch(GEMMA_3_270M, var / "models")
     port = free_port()
-    command = engine_templates.command("llama.cpp", Launch(str(model), port, host="127.0.0.1", threads=2))
+    command = enginekinds.command_line("llama.cpp", Launch(str(model), port, host="127.0.0.1", threads=2))
     (var / "join").write_text("join-secret")
     with FakeControlPlane(interval=1.0) as plane:
         plane.engines = [protocol.EngineWant(engine="llama.cpp", version=VERSION, variant="cpu")]
@@ -156,7 +156,7 @@ def main() -> None:
         config = var / "agent.yaml"
         config.write_text(
             f"control_plane: {plane.url}\njoin_token_file: {var / 'join'}\nstate_dir: {var / 'state'}\n"
-            "interval: 1\nengines: {}\n"
+            f"interval: 1\nengines: {{}}\nmodel_dirs: [{var / 'models'}]\n"
         )
         agent = subprocess.Popen(
             [sys.executable, "-m", "agent", "--config", str(config), "--log-level", "WARNING"], cwd=ROOT

@@ -16,14 +16,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from agent import engine_templates, protocol
+from agent import enginekinds, protocol
 from inventory import engine_wants
 from inventory.models import RUN_STATES, Deployment, ReplicaState, Shard
 from inventory.replicas import apply_reports, read_reports
 from livestate import shardlists
 from livestate.shardlists import CachedShards, ReplicaName, ShardFacts
-
-# Engines listen on every address: Prometheus and clients reach them from elsewhere.
 
 
 class Orders(NamedTuple):
@@ -137,9 +135,9 @@ def shard_spec(shard: Shard, leader: str = "") -> protocol.ShardSpec:
     )
 
 
-def launch(deployment: Deployment, shard: Shard, leader: str = "") -> engine_templates.Launch:
+def launch(deployment: Deployment, shard: Shard, leader: str = "") -> enginekinds.Launch:
     """What a shard's command depends on, read from its deployment's profile and its placement."""
-    return engine_templates.Launch(
+    return enginekinds.Launch(
         model=deployment.model_source,
         port=shard.port,
         threads=deployment.cpu_cores_per_shard,
@@ -152,5 +150,5 @@ def launch(deployment: Deployment, shard: Shard, leader: str = "") -> engine_tem
 
 
 def command(deployment: Deployment, shard: Shard, leader: str = "") -> list[str]:
-    """The engine's command line for one shard, from the templates the agent uses too (agent/engine_templates.py)."""
-    return engine_templates.command(deployment.engine, launch(deployment, shard, leader))
+    """The engine's command line for one shard, from the kind's record the agent uses too (agent/enginekinds/)."""
+    return enginekinds.command_line(deployment.engine, launch(deployment, shard, leader))

@@ -12,12 +12,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from agent import engine_templates, protocol
+from agent import enginekinds, protocol
 from inventory.models import EngineInstall, Shard
 
-# The engines llmgw installs itself are those it pins a version of; the others
-# (demo, command) need nothing, or what the operator put there.
-INSTALLED_BY_LLMGW = frozenset(engine_templates.PINNED)
+# The engines llmgw installs itself, as their records say; the others need nothing, or what
+# the operator put there.
+INSTALLED_BY_LLMGW = frozenset(kind.name for kind in enginekinds.KINDS if kind.install)
 
 
 def variant(gpus_per_shard: int) -> str:

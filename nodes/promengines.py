@@ -20,7 +20,8 @@ from typing import Generic, TypeVar
 
 from django.conf import settings
 
-from agent.engine_metrics import Signal, names
+from agent.enginekinds import Signal
+from agent.enginekinds.rules import names
 from nodes import promquery
 
 MAX_AGE = 10.0

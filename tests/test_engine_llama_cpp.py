@@ -14,8 +14,9 @@ import urllib.request
 import pytest
 
 from agent import config as agent_config
-from agent import engine_metrics, engine_templates, protocol
-from agent.engine_templates import Launch
+from agent import enginekinds, protocol
+from agent.enginekinds import Launch
+from agent.enginekinds import rules as engine_metrics
 from agent.loop import Agent
 from agent.model_fetch import GEMMA_3_270M, fetch
 from agent.provision import Provisioner, Want
@@ -26,7 +27,7 @@ from tests.agent.conftest import FAST
 
 pytestmark = pytest.mark.slow
 
-VERSION = engine_templates.PINNED["llama.cpp"]
+VERSION = enginekinds.get("llama.cpp").pinned
 # A cold build on two busy cores; a warm cache makes it seconds.
 BUILD_TIMEOUT = 45 * 60
 
@@ -84,7 +85,7 @@ def gauges(port: int) -> dict[str, float]:
 def test_gemma_answers_through_a_real_agent_and_its_queue_is_exported(gemma, tmp_path):
     port = free_port()
     # One slot, so that of four requests three wait: the queue depth the product charts.
-    command = engine_templates.command("llama.cpp", Launch(str(gemma), port, host="127.0.0.1", threads=2, parallel=1))
+    command = enginekinds.command_line("llama.cpp", Launch(str(gemma), port, host="127.0.0.1", threads=2, parallel=1))
     with FakeControlPlane() as plane:
         plane.engines = [protocol.EngineWant(engine="llama.cpp", version=VERSION, variant="cpu")]
         plane.shards = [
@@ -102,6 +103,7 @@ def test_gemma_answers_through_a_real_agent_and_its_queue_is_exported(gemma, tmp
                 "interval": 0.2,
                 "node_id": "cpu-node",
                 "engines": {},
+                "model_dirs": [str(gemma.parent)],
             }
         )
         agent = Agent(config, tuning=FAST)

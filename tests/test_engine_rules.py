@@ -1,4 +1,4 @@
-"""The engine rules: generated from agent/engine_metrics.py, current, valid, and unit-tested for every engine."""
+"""The engine rules: generated from the engine kinds' records, current, valid, and unit-tested for every engine."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import engine_metrics
-from agent.engine_metrics import Signal
+from agent import enginekinds
+from agent.enginekinds import Signal
+from agent.enginekinds import rules as engine_metrics
 from scripts import gen_engine_rules
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,7 +54,7 @@ def test_the_engine_rules_pass_their_unit_tests():
 def test_every_series_of_the_table_is_fed_to_a_unit_test():
     tested = (RULES / "tests" / "engines.yml").read_text()
     assert [m for m in engine_metrics.all_metrics() if f"series: '{m}{{" not in tested] == []
-    assert [e for e in engine_metrics.TABLE if f'engine="{e}"' not in tested] == []
+    assert [e for e in (k.name for k in enginekinds.KINDS if k.metrics) if f'engine="{e}"' not in tested] == []
 
 
 def test_every_engine_alert_has_a_unit_test():

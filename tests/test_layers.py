@@ -50,6 +50,8 @@ def test_the_tree_keeps_every_contract():
         ("inventory/wrong.py", "from nodes import ratelimit\n", "web app > domain > live state > wire protocol"),
         ("agent/protocol_wrong.py", "import livestate\n", "the agent runs on GPU machines"),
         ("agent/wrong.py", "from django.conf import settings\n", "the agent runs on GPU machines"),
+        # The engine kinds' records sit at the bottom beside the protocol, independent of it.
+        ("agent/enginekinds/wrong.py", "import agent.protocol\n", "web app > domain > live state > wire protocol"),
         ("llmgwctl/wrong.py", "import opsapi.models\n", "the llmgw command needs nothing of the server"),
         ("inventory/wrong.py", "import devstack.ports\n", "what runs in production never imports"),
         ("livestate/wrong.py", "from llmgw_site import celery\n", "nothing below the site package imports it"),
@@ -71,6 +73,16 @@ def test_the_wire_protocol_may_not_import_the_live_state(tmp_path):
     tree = copy_of_tree(tmp_path)
     protocol = tree / "agent" / "protocol.py"
     protocol.write_text(protocol.read_text() + "\nimport livestate.keys  # noqa: E402\n")
+    result = lint_imports(tree)
+    broken = [line for line in result.stdout.splitlines() if line.endswith("BROKEN")]
+    assert any(line.startswith("web app > domain > live state > wire protocol") for line in broken), result.stdout
+
+
+def test_the_engine_records_may_not_import_the_control_plane(tmp_path):
+    """The records are imported by the control plane: one importing up would run the layers backwards."""
+    tree = copy_of_tree(tmp_path)
+    record = tree / "agent" / "enginekinds" / "record.py"
+    record.write_text(record.read_text() + "\nimport inventory.placement  # noqa: E402\n")
     result = lint_imports(tree)
     broken = [line for line in result.stdout.splitlines() if line.endswith("BROKEN")]
     assert any(line.startswith("web app > domain > live state > wire protocol") for line in broken), result.stdout

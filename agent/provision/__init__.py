@@ -18,16 +18,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import engine_templates, protocol
+from agent import admission, enginekinds, protocol
 from agent.discovery.engines import NOT_INSTALLED, probe_one
 from agent.provision import llama_cpp, pip_venv
 from agent.provision.steps import Context, InstallError, Unsupported, default_cache
 
 log = logging.getLogger("agent.provision")
-
-# What a want without a variant means.
-DEFAULT_VARIANTS = {"llama.cpp": "cpu", "vllm": "cuda", "sglang": "cuda"}
-INSTALLABLE = tuple(DEFAULT_VARIANTS)
 
 
 @dataclass(frozen=True)
@@ -38,10 +34,12 @@ class Want:
 
     def resolved(self) -> Want:
         """The version and variant filled in: the pinned version, the engine's usual variant."""
+        kind = enginekinds.BY_NAME.get(self.engine)
+        install = kind.install if kind else None
         return Want(
             self.engine,
-            self.version or engine_templates.PINNED.get(self.engine, ""),
-            self.variant or DEFAULT_VARIANTS.get(self.engine, ""),
+            self.version or (install.pinned if install else ""),
+            self.variant or (install.default_variant if install else ""),
         )
 
 
@@ -87,6 +85,12 @@ class Provisioner:
                     self._cancel(self.installs.pop(want))
             for want in wanted - set(self.installs):
                 install = self.installs[want] = _Install(want, threading.Event())
+                refusal = admission.want_refusal(want.engine, want.version, want.variant)
+                if refusal is not None:
+                    # Reported, never tried: a version is joined into paths that are removed.
+                    install.state, install.detail = "unsupported", refusal
+                    log.warning("engine %r %r (%r): %s", want.engine, want.version, want.variant, refusal)
+                    continue
                 threading.Thread(target=self._work, args=(install,), name=f"install {want.engine}", daemon=True).start()
 
     def entries(self) -> list[protocol.EngineInstall]:
@@ -149,7 +153,9 @@ class Provisioner:
         want = install.want
         if want.engine in self.operator_binaries:
             return self._probe(install, self.operator_binaries[want.engine])
-        if want.engine not in INSTALLABLE:
+        kind = enginekinds.BY_NAME.get(want.engine)
+        install_as = kind.install if kind else None
+        if install_as is None:
             raise Unsupported(f"llmgw cannot install {want.engine}; point the agent's engines at a binary")
         safe = "".join(c if c.isalnum() or c in "._-+" else "_" for c in f"{want.version}-{want.variant}")
         context = Context(
@@ -163,9 +169,9 @@ class Provisioner:
         install.context = context
         if install.stop.is_set():
             raise InstallError("stopped")
-        if want.engine == "llama.cpp":
-            return llama_cpp.install(want.version, want.variant, context), want.version
-        return pip_venv.install(want.engine, want.version, want.variant, context), want.version
+        if install_as.method is enginekinds.Installer.SDIST_BUILD:
+            return llama_cpp.install(want.engine, want.version, want.variant, context), want.version
+        return pip_venv.install(want.engine, install_as.package, want.version, want.variant, context), want.version
 
     def _probe(self, install: _Install, command: list[str]) -> tuple[Path | None, str]:
         self._set(install, "installing", f"asking {command[0]} --version")

@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from agent.provision.steps import Context, InstallError, Unsupported, locked
+from agent.provision.steps import Context, InstallError, Unsupported, install_home, locked
 
 PACKAGE = "llama-cpp-python"
 PROGRAM = "llama-server"
@@ -37,19 +37,19 @@ VARIANT_FLAGS = {"cpu": [], "cuda": ["-DGGML_CUDA=ON"]}
 _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
 
 
-def install(version: str, variant: str, ctx: Context) -> Path:
+def install(engine: str, version: str, variant: str, ctx: Context) -> Path:
     """Build (or take from the cache) and install; returns the directory holding `llama-server`."""
     if variant not in VARIANT_FLAGS:
-        raise Unsupported(f"llama.cpp has no variant {variant!r} (known: {', '.join(VARIANT_FLAGS)})")
+        raise Unsupported(f"{engine} has no variant {variant!r} (known: {', '.join(VARIANT_FLAGS)})")
     if variant == "cuda" and not ctx.gpus:
         raise Unsupported("cuda: this node has no GPU")
     if variant == "cuda" and shutil.which("nvcc", path=ctx.env.get("PATH", os.environ.get("PATH"))) is None:
         raise Unsupported("cuda: no nvcc (the CUDA toolkit) on this node to build with")
-    built = ctx.cache / "llama.cpp" / f"{version}-{variant}"
+    built = install_home(ctx.cache, engine, version, variant)
     with locked(built.with_name(built.name + ".lock")):
         if not (built / "bin" / PROGRAM).exists():
-            _build(_source(version, ctx), built, variant, ctx)
-    target = ctx.home / "llama.cpp" / f"{version}-{variant}" / "bin"
+            _build(_source(engine, version, ctx), built, variant, ctx)
+    target = install_home(ctx.home, engine, version, variant) / "bin"
     target.mkdir(parents=True, exist_ok=True)
     ctx.progress("installing from the cache")
     staged = target / f".{PROGRAM}.new"
@@ -58,8 +58,8 @@ def install(version: str, variant: str, ctx: Context) -> Path:
     return target
 
 
-def _source(version: str, ctx: Context) -> Path:
-    sources = ctx.cache / "llama.cpp" / "sources"
+def _source(engine: str, version: str, ctx: Context) -> Path:
+    sources = ctx.cache / engine / "sources"
     sdist = sources / f"llama_cpp_python-{version}.tar.gz"
     if sdist.exists():
         return sdist

@@ -12,21 +12,19 @@ import shutil
 import sys
 from pathlib import Path
 
-from agent.provision.steps import Context, InstallError, Unsupported
+from agent.provision.steps import Context, InstallError, Unsupported, install_home
 
-PACKAGES = {"vllm": "vllm", "sglang": "sglang"}
 # cuda is what PyPI's wheels are built for; cpu needs the operator's index of CPU wheels.
 VARIANTS = ("cuda", "cpu")
 
 
-def install(engine: str, version: str, variant: str, ctx: Context) -> Path:
-    """Create the virtualenv and install; returns its bin directory, which holds the engine's programs."""
+def install(engine: str, package: str, version: str, variant: str, ctx: Context) -> Path:
+    """Create the virtualenv and install `package`; returns its bin directory, which holds the engine's programs."""
     if variant not in VARIANTS:
         raise Unsupported(f"{engine} has no variant {variant!r} (known: {', '.join(VARIANTS)})")
     if variant == "cuda" and not ctx.gpus:
         raise Unsupported("cuda: this node has no GPU")
-    package = PACKAGES[engine]
-    home = ctx.home / engine / f"{version}-{variant}"
+    home = install_home(ctx.home, engine, version, variant)
     # Written last: a virtualenv without it was interrupted and is made again. (Built in
     # place, as a virtualenv's scripts hold its path and cannot be moved once made.)
     done = home / ".installed"

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agent import admission
 from agent.details import with_last_lines
 
 Progress = Callable[[str], None]
@@ -23,6 +24,21 @@ class InstallError(Exception):
 
 class Unsupported(Exception):
     """The variant cannot run on this node (cuda without GPUs); retrying would not help."""
+
+
+def install_home(root: Path, engine: str, version: str, variant: str) -> Path:
+    """`<root>/<engine>/<version>-<variant>`, refused unless version and variant are plain words.
+
+    Checked here, where the path is built, as well as where a want arrives: what this
+    returns is removed and made again, so it must never point outside `root`.
+    """
+    for value in (version, variant):
+        if not admission.plain_word(value):
+            raise Unsupported(f"{value!r} is not a plain word (letters, digits, . _ + -)")
+    home = root / engine / f"{version}-{variant}"
+    if home.parent.parent != root or not admission.inside(str(home), [str(root)]):
+        raise Unsupported(f"{engine!r} {version!r} {variant!r} would install outside {root}")
+    return home
 
 
 @dataclass

@@ -17,6 +17,7 @@ from django.db.models.signals import post_save, pre_delete
 from django.dispatch import receiver
 from django.utils import timezone
 
+from agent import enginekinds
 from inventory.models.allocations import Allocation
 from inventory.models.choices import ValueChoices
 from inventory.models.nodes import Node
@@ -31,12 +32,10 @@ NAME_VALIDATOR = RegexValidator(
 )
 
 
-class Engine(models.TextChoices):
-    VLLM = "vllm", "vLLM"
-    LLAMA_CPP = "llama.cpp", "llama.cpp (llama-server)"
-    SGLANG = "sglang", "SGLang"
-    DEMO = "demo", "demo (stand-in engine, no model needed)"
-    COMMAND = "command", "command (arguments are the whole command line)"
+# The engine kinds the control plane may place, from their records (agent/enginekinds/): Engine.VLLM, Engine.DEMO...
+Engine = models.TextChoices(
+    "Engine", [(kind.choice_key, (kind.name, kind.label)) for kind in enginekinds.KINDS if kind.placeable]
+)
 
 
 class ReplicaState(ValueChoices):
@@ -123,8 +122,9 @@ class Deployment(models.Model):
             words = self.argv()
         except ValueError as exc:
             raise ValidationError({"arguments": f"cannot split: {exc}"}) from None
-        if self.engine == Engine.COMMAND and not words:
-            raise ValidationError({"arguments": "the 'command' engine needs a command line"})
+        kind = enginekinds.BY_NAME.get(self.engine)
+        if kind is not None and kind.free_form and not words:
+            raise ValidationError({"arguments": f"the '{kind.name}' engine needs a command line"})
         if self.gpus_per_shard == 0 and self.gpu_class:
             raise ValidationError({"gpu_class": "a GPU class needs at least one GPU per shard"})
 

@@ -101,6 +101,18 @@ def test_the_unit_runs_the_documented_command():
     assert "RestartPreventExitStatus=2" in unit  # a bad config is not retried every few seconds
 
 
+def test_the_unit_runs_the_agent_as_its_own_user_with_its_cgroup_delegated():
+    unit = (ROOT / "deploy" / "llmgw-agent.service").read_text()
+    service = unit.split("[Service]", 1)[1].split("\n[", 1)[0]
+    settings = dict(line.split("=", 1) for line in service.splitlines() if "=" in line and not line.startswith("#"))
+    # Not root: whatever a reply made it run would own the machine.
+    assert settings.get("User") == "llmgw-agent" and settings.get("Group") == "llmgw-agent"
+    assert settings.get("NoNewPrivileges") == "yes"
+    # Engines still get cgroups of their own, below the unit's.
+    assert settings.get("Delegate") == "yes"
+    assert "## Running as its own user" in (ROOT / "docs" / "agent.md").read_text()
+
+
 def test_a_state_dir_that_cannot_be_made_exits_2(tmp_path):
     config = write_config(tmp_path, "http://127.0.0.1:9")
     config.write_text(config.read_text().replace(str(tmp_path / "state"), "/proc/no/state"))

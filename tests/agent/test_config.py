@@ -76,6 +76,10 @@ KEY_CASES = {
     "env": (BASE + "env:\n  HF_HOME: /models/cache\n", lambda c, tmp: c.env == {"HF_HOME": "/models/cache"}),
     "cgroup_root": (BASE + "cgroup_root: {tmp}/cg\n", lambda c, tmp: c.cgroup_root == f"{tmp}/cg"),
     "engine_cache": (BASE + "engine_cache: /srv/llmgw-cache\n", lambda c, tmp: c.engine_cache == "/srv/llmgw-cache"),
+    "command_programs": (
+        BASE + "command_programs: [/opt/tools/serve-model]\n",
+        lambda c, tmp: c.command_programs == ["/opt/tools/serve-model"],
+    ),
 }
 
 
@@ -171,6 +175,8 @@ BAD = [
     ("env: {'1BAD': x}\n", "env: '1BAD' is not an environment variable name"),
     ("engines: {vllm: []}\n", "engines.vllm: expected a binary"),
     ("node_id: 'has space'\n", "node_id: expected letters"),
+    ("command_programs: ['']\n", "command_programs: expected program names or paths"),
+    ("command_programs: /bin/sh\n", "command_programs: expected `array`, got `str`"),
 ]
 
 

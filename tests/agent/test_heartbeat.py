@@ -104,7 +104,7 @@ def demo_spec(shard: str) -> dict:
 
 
 def test_reply_shards_decide_what_runs(plane, make_agent):
-    agent = make_agent(plane, shards=[demo_spec("from-config")]).start()
+    agent = make_agent(plane, shards=[demo_spec("from-config")], command_programs=["sleep"]).start()
     # No list from the control plane yet: the config's shards run.
     wait_until(lambda: "from-config" in agent.runner.process_groups(), 10, "the configured shard")
     plane.shards = [
@@ -168,8 +168,8 @@ def test_engine_groups_left_by_a_killed_agent_are_stopped_at_start(plane, make_a
     assert first.runner.shards["s1"].process.returncode is not None, "the old engine still runs"
 
 
-def test_a_shard_the_agent_could_not_report_on_is_ignored(plane, make_agent, caplog):
-    agent = make_agent(plane).start()
+def test_a_shard_the_agent_could_not_report_on_is_ignored_and_a_refused_one_reported(plane, make_agent, caplog):
+    agent = make_agent(plane, command_programs=["sleep"]).start()
     plane.shards = [
         protocol.ShardSpec(shard="bad/id", replica="r", model="m", engine="command", command=["sleep", "60"]),
         protocol.ShardSpec(shard="empty", replica="r", model="m", engine="command", command=[]),
@@ -179,6 +179,8 @@ def test_a_shard_the_agent_could_not_report_on_is_ignored(plane, make_agent, cap
     count = plane.accepted()
     wait_until(lambda: plane.accepted() >= count + 2, 10, "heartbeats still accepted")
     assert "ignoring shard 'bad/id'" in caplog.text
+    last = list(plane.heartbeats)[-1]
+    assert {s.shard: s.state for s in last.shards} == {"good": last.shards[0].state, "empty": "failed"}
 
 
 def test_when_proc_cannot_be_read_no_load_is_sent_rather_than_an_old_one(plane, make_agent, tmp_path):

@@ -20,10 +20,14 @@ def test_an_engine_wanted_by_the_control_plane_is_built_reported_and_then_run(pl
     seed_sdist(cache, "9.9.9")
     plane.engines = [protocol.EngineWant(engine="llama.cpp", version="9.9.9")]
     # The command names the program only, as the control plane's do.
+    models = tmp_path / "models"
+    models.mkdir()
     plane.shards = [
-        protocol.ShardSpec(shard="s1", replica="r1", model="/m/q.gguf", engine="llama.cpp", command=["llama-server"])
+        protocol.ShardSpec(
+            shard="s1", replica="r1", model=str(models / "q.gguf"), engine="llama.cpp", command=["llama-server"]
+        )
     ]
-    agent = make_agent(plane, engine_cache=str(cache)).start()
+    agent = make_agent(plane, engine_cache=str(cache), model_dirs=[str(models)]).start()
 
     wait_until(lambda: ("ready", "") in provision_seen(plane), 120, "a heartbeat reporting the engine ready")
     seen = provision_seen(plane)

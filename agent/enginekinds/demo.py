@@ -1,0 +1,21 @@
+"""The stand-in engine (agent/demo_engine.py): an OpenAI-like server that needs no model or GPU.
+
+It ships with the agent, so nothing is installed; it exports vLLM's names, but no KV cache.
+"""
+
+from __future__ import annotations
+
+from agent.enginekinds.record import EngineKind, Launch, Names, Signal, Template, serving
+from agent.enginekinds.vllm import METRICS as VLLM_METRICS
+
+
+def _server(launch: Launch) -> list[str]:
+    return [*serving(launch), "--model", launch.model]
+
+
+KIND = EngineKind(
+    name="demo",
+    label="demo (stand-in engine, no model needed)",
+    templates=(Template("0", ("python3",), _server, lead=("-m", "agent.demo_engine")),),
+    metrics=(Names("0", {k: v for k, v in VLLM_METRICS.items() if k != Signal.KV_CACHE_USAGE}),),
+)

@@ -1,0 +1,43 @@
+"""llama.cpp's llama-server, built by the agent from the llama.cpp vendored in llama-cpp-python.
+
+Versions are llama-cpp-python's, whose vendored llama.cpp is built (agent/provision/llama_cpp.py).
+"""
+
+from __future__ import annotations
+
+from agent.enginekinds.record import EngineKind, Install, Installer, Launch, Names, Signal, Source, Template, serving
+
+
+def _server(launch: Launch) -> list[str]:
+    # llama-server exports /metrics only when asked to.
+    argv = ["--model", launch.model, *serving(launch), "--metrics"]
+    if launch.threads:
+        argv += ["--threads", str(launch.threads)]
+    if launch.parallel:
+        argv += ["--parallel", str(launch.parallel)]
+    if launch.gpus:
+        # Every layer on the GPU; llama-server caps the number at the model's layers.
+        argv += ["--n-gpu-layers", "999"]
+    return argv
+
+
+KIND = EngineKind(
+    name="llama.cpp",
+    label="llama.cpp (llama-server)",
+    templates=(Template("0", ("llama-server",), _server),),
+    probe=("llama-server",),
+    # The server of 0.3.36 exports no KV-cache gauge (kv_cache_usage_ratio was removed upstream);
+    # its predicted_tokens_seconds is the mean speed of the requests since the last scrape,
+    # not the server's output, so tokens per second come from the counter.
+    metrics=(
+        Names(
+            "0",
+            {
+                Signal.REQUESTS_WAITING: Source("llamacpp:requests_deferred"),
+                Signal.REQUESTS_RUNNING: Source("llamacpp:requests_processing"),
+                Signal.TOKENS_PER_SECOND: Source("llamacpp:tokens_predicted_total", counter=True),
+            },
+        ),
+    ),
+    install=Install(Installer.SDIST_BUILD, pinned="0.3.36", default_variant="cpu"),
+)

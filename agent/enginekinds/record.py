@@ -1,0 +1,179 @@
+"""What an engine kind is: the record each module of this package fills in, and what a shard's command depends on.
+
+Only the standard library: the control plane reads these records as data (the
+deployment choices, the commands of placed shards, the Prometheus rules) without the
+agent's dependencies, and the agent without Django.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+# Engines listen on every address: Prometheus and clients reach them from elsewhere.
+LISTEN = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What a shard's command depends on, whichever side builds it."""
+
+    model: str
+    port: int = 0
+    host: str = LISTEN
+    threads: int = 0  # CPU engines: cores the shard may use; 0 lets the engine choose
+    parallel: int = 0  # llama.cpp: concurrent request slots; 0 lets the engine choose
+    gpus: int = 0  # GPUs of this shard (tensor parallelism)
+    shards: int = 1  # shards of the replica (pipeline parallelism across nodes)
+    shard_index: int = 0
+    leader: str = ""  # host:port of shard 0, where the other shards of the replica join it
+    extra: Sequence[str] = ()  # the operator's own arguments, always last so they win
+
+
+def serving(launch: Launch) -> list[str]:
+    """The flags every HTTP engine of ours takes alike: where it listens.
+
+    One function for all of them, so a flag they all share (an API key, say) is added
+    here once, with its field on `Launch`.
+    """
+    return ["--host", launch.host, *(["--port", str(launch.port)] if launch.port else [])]
+
+
+@dataclass(frozen=True)
+class Template:
+    since: str  # the first version these flags apply to
+    program: tuple[str, ...]  # the default command prefix; a configured or installed one replaces it
+    arguments: Callable[[Launch], list[str]]
+    # Fixed words after the program that choose what it runs (`serve`, `-m <module>`): an agent
+    # runs a command from the control plane only when it starts with program and lead both.
+    lead: tuple[str, ...] = ()
+
+
+class Signal(StrEnum):
+    """llmgw's names: the recorded series, labelled node, shard, replica, model and engine."""
+
+    REQUESTS_WAITING = "llmgw:shard_queue_depth"
+    REQUESTS_RUNNING = "llmgw:shard_requests_running"
+    TOKENS_PER_SECOND = "llmgw:shard_tokens_per_second"
+    KV_CACHE_USAGE = "llmgw:shard_kv_cache_usage_ratio"
+
+
+@dataclass(frozen=True)
+class Source:
+    metric: str
+    # A counter is turned into a per-second rate; a gauge is taken as it is.
+    counter: bool = False
+
+
+@dataclass(frozen=True)
+class Names:
+    since: str  # the first engine version exporting these names
+    signals: dict[Signal, Source]
+
+
+class Readiness(StrEnum):
+    """When a started shard counts as running."""
+
+    # llama-server and vLLM open their port before the model is loaded: only /health says it is.
+    HEALTH = "GET /health answers 200"
+    PORT = "its port accepts connections"
+
+
+class Installer(StrEnum):
+    """How the agent installs an engine (agent/provision/)."""
+
+    PIP_VENV = "pip install into a virtualenv of its own"
+    SDIST_BUILD = "build llama-server from the llama-cpp-python sdist"
+
+
+@dataclass(frozen=True)
+class Install:
+    method: Installer
+    pinned: str  # the version installed when a deployment names none
+    default_variant: str  # what a want without a variant means
+    package: str = ""  # the PyPI distribution, for PIP_VENV
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """One engine kind: everything the agent and the control plane know of it."""
+
+    name: str  # as stored in deployments and sent on the wire
+    label: str  # as the admin and the pages show it
+    # Oldest first; the newest whose `since` is not above the version wins. None: the
+    # arguments are the whole command line (`{port}` and `{model}` filled in), and an
+    # agent runs one only when its own config allows the program.
+    templates: tuple[Template, ...] = ()
+    # The binary the agent asks `--version` when its config names none, and the prefix of
+    # its config's shards of this kind; empty: not probed.
+    probe: tuple[str, ...] = ()
+    readiness: Readiness = Readiness.HEALTH
+    metrics: tuple[Names, ...] = ()  # oldest first, like the templates
+    install: Install | None = None  # None: llmgw installs nothing for it
+    placeable: bool = True  # whether the control plane may place deployments of it
+    needs_model: bool = True
+
+    @property
+    def free_form(self) -> bool:
+        return not self.templates
+
+    @property
+    def choice_key(self) -> str:
+        """The name of its member in the deployments' choices: llama.cpp → LLAMA_CPP."""
+        return re.sub(r"[^A-Za-z0-9]", "_", self.name).upper()
+
+    @property
+    def pinned(self) -> str:
+        return self.install.pinned if self.install else ""
+
+    def template(self, version: str = "") -> Template:
+        """The template for `version` (empty: the pinned one). ValueError for a free-form kind."""
+        if self.free_form:
+            raise ValueError(f"{self.name} has no template: its arguments are the whole command line")
+        key = version_key(version or self.pinned)
+        if not key:
+            return self.templates[-1]
+        return [t for t in self.templates if version_key(t.since) <= key][-1]
+
+    def command_line(self, launch: Launch, version: str = "", prefix: Sequence[str] | None = None) -> list[str]:
+        """The full command line of one shard; `prefix` (a configured or installed binary) replaces the program."""
+        if self.free_form:
+            words = [*(prefix or ()), *launch.extra]
+            return [word.replace("{port}", str(launch.port)).replace("{model}", launch.model) for word in words]
+        chosen = self.template(version)
+        return [*(prefix or chosen.program), *chosen.lead, *chosen.arguments(launch), *launch.extra]
+
+    def runs(self, command: Sequence[str], allowed_programs: Sequence[str] = ()) -> bool:
+        """Whether an agent may execute `command` as a shard of this kind.
+
+        A templated kind runs only what one of its templates starts with (program and
+        lead): the program comes from this record, never from whoever sent the command.
+        A free-form kind runs only a program the node's own config allows, by exact name.
+        """
+        if not command:
+            return False
+        if self.free_form:
+            return command[0] in allowed_programs
+        starts = ((*t.program, *t.lead) for t in self.templates)
+        return any(tuple(command[: len(start)]) == start for start in starts)
+
+    def metric_names(self, version: str = "") -> dict[Signal, Source]:
+        """The signals it exports at `version` (empty: the newest known); {} when it exports none llmgw reads."""
+        key = version_key(version)
+        chosen = [n for n in self.metrics if not key or version_key(n.since) <= key]
+        return dict(chosen[-1].signals) if chosen else {}
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """ "0.10.1rc2" → (0, 10, 1): the leading numbers, which is all the templates compare."""
+    numbers = []
+    for part in version.strip().lstrip("v").split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        numbers.append(int(digits.group()))
+        if digits.group() != part:
+            break
+    return tuple(numbers)

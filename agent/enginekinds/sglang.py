@@ -1,0 +1,35 @@
+"""SGLang: its launch_server module, installed with pip; metrics only with --enable-metrics."""
+
+from __future__ import annotations
+
+from agent.enginekinds.record import EngineKind, Install, Installer, Launch, Names, Signal, Source, Template, serving
+
+
+def _launch_server(launch: Launch) -> list[str]:
+    # Without --enable-metrics SGLang exports nothing, and its shards would chart as empty.
+    argv = ["--model-path", launch.model, *serving(launch), "--enable-metrics"]
+    if launch.gpus > 1:
+        argv += ["--tp-size", str(launch.gpus)]
+    if launch.shards > 1:
+        argv += ["--nnodes", str(launch.shards), "--node-rank", str(launch.shard_index)]
+        argv += ["--dist-init-addr", launch.leader]
+    return argv
+
+
+KIND = EngineKind(
+    name="sglang",
+    label="SGLang",
+    templates=(Template("0", ("python3", "-m", "sglang.launch_server"), _launch_server),),
+    metrics=(
+        Names(
+            "0",
+            {
+                Signal.REQUESTS_WAITING: Source("sglang:num_queue_reqs"),
+                Signal.REQUESTS_RUNNING: Source("sglang:num_running_reqs"),
+                Signal.TOKENS_PER_SECOND: Source("sglang:gen_throughput"),
+                Signal.KV_CACHE_USAGE: Source("sglang:token_usage"),
+            },
+        ),
+    ),
+    install=Install(Installer.PIP_VENV, pinned="0.5.3", default_variant="cuda", package="sglang"),
+)

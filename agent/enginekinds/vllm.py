@@ -1,0 +1,45 @@
+"""vLLM: `vllm serve`, installed with pip; its metrics on the API port, without being asked."""
+
+from __future__ import annotations
+
+from agent.enginekinds.record import EngineKind, Install, Installer, Launch, Names, Signal, Source, Template, serving
+
+
+def _parallelism(launch: Launch) -> list[str]:
+    argv = []
+    if launch.gpus > 1:
+        argv += ["--tensor-parallel-size", str(launch.gpus)]
+    if launch.shards > 1:
+        argv += ["--pipeline-parallel-size", str(launch.shards)]
+    return argv
+
+
+def _serve(launch: Launch) -> list[str]:
+    return [launch.model, *serving(launch), *_parallelism(launch)]
+
+
+def _before_serve(launch: Launch) -> list[str]:
+    # Before `vllm serve` existed the OpenAI server was a module taking the model as --model.
+    return ["--model", launch.model, *serving(launch), *_parallelism(launch)]
+
+
+METRICS_BEFORE_0_10 = {
+    Signal.REQUESTS_WAITING: Source("vllm:num_requests_waiting"),
+    Signal.REQUESTS_RUNNING: Source("vllm:num_requests_running"),
+    Signal.TOKENS_PER_SECOND: Source("vllm:generation_tokens_total", counter=True),
+    # A fraction despite its name: 1 is a full cache.
+    Signal.KV_CACHE_USAGE: Source("vllm:gpu_cache_usage_perc"),
+}
+METRICS = {**METRICS_BEFORE_0_10, Signal.KV_CACHE_USAGE: Source("vllm:kv_cache_usage_perc")}
+
+KIND = EngineKind(
+    name="vllm",
+    label="vLLM",
+    templates=(
+        Template("0", ("python3",), _before_serve, lead=("-m", "vllm.entrypoints.openai.api_server")),
+        Template("0.5.0", ("vllm",), _serve, lead=("serve",)),
+    ),
+    probe=("vllm",),
+    metrics=(Names("0", METRICS_BEFORE_0_10), Names("0.10.0", METRICS)),
+    install=Install(Installer.PIP_VENV, pinned="0.11.0", default_variant="cuda", package="vllm"),
+)
