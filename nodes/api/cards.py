@@ -13,7 +13,7 @@ from django.db.models.signals import post_delete, post_save
 
 from inventory.models import Node, NodeEvent
 from livestate.cards import NodeCard, invalidate
-from nodes.models import NodeToken
+from nodes.models import NodeToken, digest_matches
 
 
 def from_database(node_id: str, generation: int = 0) -> NodeCard | None:
@@ -27,6 +27,17 @@ def from_database(node_id: str, generation: int = 0) -> NodeCard | None:
         return None
     secret_digest, liveness, admin_state, inventory_hash = row
     return NodeCard(node_id, secret_digest, liveness, admin_state, inventory_hash, generation)
+
+
+def proven(node_id: str, secret: str, generation: int = 0) -> NodeCard | None:
+    """The node's card as the database has it if `secret` proves the node's token; None otherwise.
+
+    The heartbeat's action asks for it (`inventory.heartbeat.Sender`) when Redis has no current card.
+    """
+    card = from_database(node_id, generation)
+    if card is None or not digest_matches(secret, card.secret_digest):
+        return None
+    return card
 
 
 def _on_event(sender, instance: NodeEvent, **kwargs) -> None:
