@@ -122,3 +122,13 @@ def test_the_web_layer_reaches_a_heartbeat_only_through_its_action(module):
     }
     below = {name for name in imported if name.split(".")[0] in ("inventory", "livestate")}
     assert below <= {"inventory.heartbeat"}, f"{module} imports {below}"
+
+
+def test_the_sequence_is_checked_after_the_database_even_when_redis_forgot_its_scripts(token, redis_client):
+    receive(token, protocol.Heartbeat(boot_id="run-1", seq=5))
+    redis_client.script_flush()
+    cards.invalidate("gpu-1")
+
+    with pytest.raises(heartbeat.Replayed):
+        receive(token, protocol.Heartbeat(boot_id="run-1", seq=5))
+    assert receive(token, protocol.Heartbeat(boot_id="run-1", seq=6)).state == "ready"

@@ -82,6 +82,7 @@ def main() -> int:
     parser.add_argument("--beats", type=int, default=4000)
     parser.add_argument("--top", type=int, default=25)
     parser.add_argument("--cold", action="store_true", help="profile heartbeats after Redis lost its data")
+    parser.add_argument("--database-url", help="a database to use instead of a new SQLite file (e.g. PostgreSQL's)")
     args = parser.parse_args()
 
     var = Path(tempfile.mkdtemp(prefix="llmgw-profile-"))
@@ -89,7 +90,7 @@ def main() -> int:
     os.environ.update(
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",
         LLMGW_VAR_DIR=str(var),
-        DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
+        DATABASE_URL=args.database_url or f"sqlite:///{var / 'db.sqlite3'}",
         REDIS_URL=redis.url,
         LLMGW_JOIN_TOKEN=JOIN_TOKEN,
         LLMGW_BENCH_EMPTY_VIEW="true",
