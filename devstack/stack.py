@@ -336,7 +336,7 @@ def web_server_command(port: int, workers: int) -> list[str]:
         "--respawn-failed-workers",
         "--workers-kill-timeout",
         "5",
-        # The application writes its own access log (llmgw_site/access_log.py).
+        # The application writes its own access log (lib/access_log.py).
         "--no-access-log",
         "llmgw_site.wsgi:application",
     ]

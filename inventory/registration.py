@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from datetime import datetime
 
 from django.db import transaction
@@ -28,6 +29,18 @@ class ReplayedInventory(Exception):
     def __init__(self, boot_id: str, seq: int, stored_seq: int):
         super().__init__(f"heartbeat {seq} of run {boot_id} is not newer than {stored_seq}, already received")
         self.stored_seq = stored_seq
+
+
+def as_ip(address: str) -> str | None:
+    """The client address if it is an IP address, in its canonical form; else None.
+
+    A proxy may forward something else ("unknown", a name); nothing but an
+    address the control plane saw is recorded as where a node is.
+    """
+    try:
+        return str(ipaddress.ip_address(address))
+    except ValueError:
+        return None
 
 
 def upsert_inventory(

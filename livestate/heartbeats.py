@@ -1,14 +1,34 @@
 """Heartbeat times of live nodes, held in one Redis hash until the sweep writes them to the database.
 
 An ordinary heartbeat of a live node writes no database row: its arrival time
-goes into the hash (`note`, or the beat script), and `inventory.liveness`
+goes into the hash (the beat script, or `record`), and `inventory.liveness`
 takes the whole hash (`take`) and writes it to `Node.last_heartbeat` in bulk.
 """
 
 from __future__ import annotations
 
 import livestate
-from livestate import keys
+from agent.protocol import Load
+from livestate import cards, keys, loadstore, selfmetrics
+from livestate.cards import NodeCard
+
+
+def record(
+    node_id: str, received_at: float, load: Load | None, card: NodeCard | None, counts: dict[str, float]
+) -> None:
+    """Write a heartbeat the beat script did not apply, in one round trip (raises redis errors).
+
+    Its time, its load (if it carried one), the node's card (when it was read
+    from the database or changed) and the heartbeat's self-metrics.
+    """
+    pipe = livestate.client().pipeline(transaction=False)
+    note(pipe, node_id, received_at)
+    if load is not None:
+        loadstore.save(node_id, load, received_at, pipe)
+    if card is not None:
+        cards.store(pipe, card)
+    selfmetrics.add(pipe, counts)
+    pipe.execute()
 
 
 def note(pipe, node_id: str, received_at: float) -> None:

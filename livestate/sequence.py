@@ -18,6 +18,7 @@ node's sequence. The database keeps the sequence of the stored inventory too
 from __future__ import annotations
 
 import redis
+from redis.commands.core import Script
 
 import livestate
 from livestate import keys
@@ -35,6 +36,9 @@ redis.call('HSET', KEYS[1], 'boot', ARGV[1], 'seq', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return false
 """
+# Sent by its digest (EVALSHA) and loaded again only when Redis has forgotten it: this runs
+# for every heartbeat whose card was not cached, a whole fleet's after Redis lost its data.
+_advance = Script(None, _ADVANCE.encode())  # type: ignore[arg-type]  # the client is given at each call
 
 
 def advance(node_id: str, boot_id: str, seq: int, client: redis.Redis | None = None) -> int | None:
@@ -42,5 +46,5 @@ def advance(node_id: str, boot_id: str, seq: int, client: redis.Redis | None = N
     if not boot_id:
         return None
     client = client or livestate.client()
-    stored = client.eval(_ADVANCE, 1, keys.sequence(node_id), boot_id, seq, KEEP_SECONDS)
+    stored = _advance(keys=[keys.sequence(node_id)], args=[boot_id, seq, KEEP_SECONDS], client=client)
     return None if stored is None else int(stored)

@@ -35,7 +35,6 @@ be marked unreachable for the control plane's failure.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import time
 from collections.abc import Mapping
@@ -76,18 +75,6 @@ def address_of(meta: Mapping[str, Any]) -> str:
         if len(forwarded) >= hops:
             return forwarded[-hops]
     return meta.get("REMOTE_ADDR", "")
-
-
-def as_ip(address: str) -> str | None:
-    """The client address if it is an IP address, in its canonical form; else None.
-
-    A proxy may forward something else ("unknown", a name); nothing but an
-    address the control plane saw is recorded as where a node is.
-    """
-    try:
-        return str(ipaddress.ip_address(address))
-    except ValueError:
-        return None
 
 
 def locked(now: float) -> Rejected:

@@ -9,10 +9,10 @@ from django.utils import timezone
 import livestate
 from agent import protocol
 from devstack.redis_server import RedisServer
+from inventory import heartbeat as heartbeat_action
 from inventory import liveness
 from inventory.models import Liveness, Node
 from livestate import loadstore
-from nodes.api import heartbeats
 from nodes.models import NodeToken
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
 from tests.factories import make_inventory
@@ -27,7 +27,7 @@ def private_redis(settings, tmp_path):
     settings.REDIS_URL = server.url
     settings.LLMGW_JOIN_TOKEN = JOIN_TOKEN
     livestate.reset_client()
-    heartbeats._warn_redis_down.reset()
+    heartbeat_action._warn_redis_down.reset()
     yield server
     server.stop()
     livestate.reset_client()
@@ -45,7 +45,7 @@ def test_heartbeats_are_answered_while_redis_is_down_and_redis_is_used_again_whe
 
     private_redis.stop()
     outage_started = timezone.now()
-    with caplog.at_level(logging.WARNING, logger="nodes.api.heartbeats"):
+    with caplog.at_level(logging.WARNING, logger="inventory.heartbeat"):
         replies = {
             name: reply_of(heartbeat(client, token, protocol.Heartbeat(load=a_load())))
             for name, token in tokens.items()

@@ -21,11 +21,11 @@ from django.test.utils import CaptureQueriesContext
 import livestate
 from agent import protocol
 from devstack.faults import redis_unreachable
+from inventory import heartbeat as heartbeat_action
 from inventory import liveness, sweep
 from inventory.models import Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
 from livestate import cards, keys, locks, selfmetrics
-from nodes.api import heartbeats as heartbeat_view
 from tests.agentapi import JOIN_TOKEN, heartbeat, register, reply_of
 
 pytestmark = [pytest.mark.django_db]
@@ -45,7 +45,7 @@ def _settings(settings, redis_client):
     settings.LLMGW_LOST_AFTER = 300
     settings.LLMGW_DISRUPTION_THRESHOLD = 0.55
     # Redis was emptied: this process's note of accepted heartbeats must be sent again.
-    heartbeat_view._pulse.reset()
+    heartbeat_action._pulse.reset()
     sweep.warn_grace.reset()
     sweep.warn_skipped.reset()
 

@@ -1,6 +1,6 @@
 """Where a heartbeat's CPU goes in one web process: cProfile over the WSGI application, beside the empty view.
 
-    python -m bench.fleetlib.profile [--nodes 200] [--beats 4000] [--top 25]
+    python -m bench.fleetlib.profile [--nodes 200] [--beats 4000] [--top 25] [--cold]
 
 The application is called in this process, as a web worker calls it, with
 heartbeats of the benchmark's fleet (bench/fleetlib/bodies.py) against a Redis
@@ -9,6 +9,12 @@ profiler for heartbeats and for the empty view, then the heartbeats are run
 again under cProfile. The socket and HTTP parsing, which the web server does for
 both alike, are left out; so is the machine's load, since process time is this
 process's own.
+
+With `--cold`, every heartbeat is its node's first since Redis lost its data
+(FLUSHDB before each pass over the fleet, outside the measured time): its card,
+sequence and shard list are gone, as after a Redis restart without its data,
+and much as for a node that has just registered (its card stale). That path is
+measured and profiled beside the ordinary one.
 """
 
 from __future__ import annotations
@@ -75,6 +81,8 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--beats", type=int, default=4000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--cold", action="store_true", help="profile heartbeats after Redis lost its data")
+    parser.add_argument("--database-url", help="a database to use instead of a new SQLite file (e.g. PostgreSQL's)")
     args = parser.parse_args()
 
     var = Path(tempfile.mkdtemp(prefix="llmgw-profile-"))
@@ -82,7 +90,7 @@ def main() -> int:
     os.environ.update(
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",
         LLMGW_VAR_DIR=str(var),
-        DATABASE_URL=f"sqlite:///{var / 'db.sqlite3'}",
+        DATABASE_URL=args.database_url or f"sqlite:///{var / 'db.sqlite3'}",
         REDIS_URL=redis.url,
         LLMGW_JOIN_TOKEN=JOIN_TOKEN,
         LLMGW_BENCH_EMPTY_VIEW="true",
@@ -122,6 +130,25 @@ def main() -> int:
                     raise RuntimeError(f"{path}: {status}")
             return 1e6 * (time.process_time() - started) / beats
 
+        def drive_cold(beats: int, profiler: cProfile.Profile | None = None) -> float:
+            """`drive` with Redis emptied before each pass over the fleet; the emptying is not counted."""
+            spent = 0.0
+            for start in range(0, beats, len(fleet)):
+                livestate.client().flushdb()
+                if profiler:
+                    profiler.enable()
+                started = time.process_time()
+                for token, body in fleet[: beats - start]:
+                    status = call(application, HEARTBEAT, token, body)
+                    if not status.startswith("200"):
+                        raise RuntimeError(f"{HEARTBEAT} (cold): {status}")
+                spent += time.process_time() - started
+                if profiler:
+                    profiler.disable()
+            return 1e6 * spent / beats
+
+        import livestate
+
         drive(HEARTBEAT, len(fleet))  # every node alive and its card and shard list cached
         drive(EMPTY, 200)
         heartbeat, empty = drive(HEARTBEAT, args.beats), drive(EMPTY, args.beats)
@@ -132,9 +159,14 @@ def main() -> int:
             f"ratio {heartbeat / empty:.2f}"
         )
         profiler = cProfile.Profile(time.process_time)
-        profiler.enable()
-        drive(HEARTBEAT, args.beats)
-        profiler.disable()
+        if args.cold:
+            cold = min(drive_cold(args.beats), drive_cold(args.beats))
+            print(f"CPU per cold heartbeat (Redis emptied): {cold:.0f} µs, {cold / heartbeat:.1f} × the ordinary one")
+            drive_cold(args.beats, profiler)
+        else:
+            profiler.enable()
+            drive(HEARTBEAT, args.beats)
+            profiler.disable()
         stats = pstats.Stats(profiler)
         stats.sort_stats("cumulative").print_stats(args.top)
         stats.sort_stats("tottime").print_stats(args.top)

@@ -1,6 +1,6 @@
 """The agent API while the database is down: a 503 the agent retries, never a 500.
 
-An ordinary heartbeat of a live node needs no database (nodes/api/heartbeats.py),
+An ordinary heartbeat of a live node needs no database (inventory/heartbeat.py),
 so a fleet keeps beating through a database restart. What does need it (any
 registration; a heartbeat whose node card is not cached, that brings a node
 back to life, carries an inventory or a shard report that moves a shard) is

@@ -10,9 +10,8 @@ from django.utils import timezone
 
 from agent import protocol
 from inventory.liveness import touch
-from inventory.registration import record_registration, upsert_inventory
+from inventory.registration import as_ip, record_registration, upsert_inventory
 from nodes.models import JoinToken, NodeToken, digest, digest_matches
-from nodes.ratelimit import as_ip
 
 
 def join_token_name(token: str) -> str | None:

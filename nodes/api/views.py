@@ -1,4 +1,4 @@
-"""The agent API's views: authenticate, validate, hand over. Nothing else happens here.
+"""The agent API's views: read, authenticate, validate, hand over, answer. Nothing else happens here.
 
 Whatever is refused, including a request that needed the database while it was
 down (nodes/api/outage.py), is answered with a `protocol.Rejection`. A wrong
@@ -8,20 +8,27 @@ credential is counted against its client address where it is found wrong
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.csrf import csrf_exempt
 
 from agent import protocol
-from nodes.api.heartbeats import authenticate, count_rejection, receive_heartbeat
+from inventory import heartbeat as inventory_heartbeat
+from nodes.api import cards
 from nodes.api.outage import database_unavailable, is_outage
 from nodes.api.registration import join_token_name, register_node
 from nodes.api.rejections import Answer, Rejected, bearer_token, decode, json_answer, json_response, read_json_body
-from nodes.ratelimit import address_of, check_registration, client_address, refused_credential
+from nodes.models import split_token
+from nodes.ratelimit import address_of, check_registration, client_address, locked, refused_credential
+
+_NODE_ID = re.compile(protocol.NodeId.__metadata__[0].pattern)  # type: ignore[attr-defined]  # an Annotated alias
+UNKNOWN_TOKEN = "unknown or revoked node token"
 
 
 @csrf_exempt
@@ -51,31 +58,64 @@ def heartbeat(request: HttpRequest) -> HttpResponse:
 
 
 def answer_heartbeat(meta: Mapping[str, Any], read: Callable[[int], bytes]) -> Answer:
-    """A heartbeat request, given its WSGI environ and a reader of its body, and its answer."""
+    """A heartbeat request, given its WSGI environ and a reader of its body, and its answer.
+
+    The request is read and its token parsed here; what the heartbeat changes and
+    what the node is told is `inventory.heartbeat.receive`'s, called once.
+    """
     started = time.perf_counter()
     received_at = time.time()
     address = address_of(meta)
     try:
         body = read_json_body(meta, read)
-        token = bearer_token(meta)
+        sender = heartbeat_sender(bearer_token(meta), address, received_at)
         try:
             beat = decode(body, protocol.Heartbeat)
         except Rejected:
             # Only the node itself may learn what is wrong with its heartbeat.
-            authenticate(token, address, received_at)
+            inventory_heartbeat.admit(sender, received_at)
             raise
-        caller = authenticate(token, address, received_at, beat)
-        reply = receive_heartbeat(caller, beat, received_at, started)
+        reply = inventory_heartbeat.receive(sender, beat, received_at, started)
+    except inventory_heartbeat.Refused as refused:
+        refusal_answer = refusal(refused, address, received_at)
+        inventory_heartbeat.count_refused(refusal_answer.outcome, started)
+        return refusal_answer.answer()
     except Rejected as rejection:
-        count_rejection(rejection.outcome, started)
+        inventory_heartbeat.count_refused(rejection.outcome, started)
         return rejection.answer()
     except DatabaseError as exc:
         if not is_outage(exc):
             raise
-        rejection = database_unavailable(exc)
-        count_rejection(rejection.outcome, started)
-        return rejection.answer()
+        unavailable = database_unavailable(exc)
+        inventory_heartbeat.count_refused(unavailable.outcome, started)
+        return unavailable.answer()
     return json_answer(reply)
+
+
+def heartbeat_sender(token: str, address: str, received_at: float) -> inventory_heartbeat.Sender:
+    """The node a bearer token names, or a 401 (counted against the address) if it is not a node's token."""
+    node_id, secret = split_token(token)
+    if len(node_id) > protocol.MAX_ID or not _NODE_ID.fullmatch(node_id):
+        raise refused_credential(address, "not a node token", received_at)
+    return inventory_heartbeat.Sender(node_id, secret, token, address, cards.proven)
+
+
+def refusal(refused: inventory_heartbeat.Refused, address: str, received_at: float) -> Rejected:
+    """The answer to a heartbeat its action refused."""
+    match refused:
+        case inventory_heartbeat.Replayed(seq=seq, newest=newest):
+            reason = (
+                f"heartbeat {seq} of this run is not newer than heartbeat {newest}, already received; nothing changed"
+            )
+            return Rejected(409, "$.seq", reason, "replayed")
+        case inventory_heartbeat.TooManyHeartbeats(retry_after=retry_after):
+            reason = f"more than {settings.LLMGW_HEARTBEAT_PER_MINUTE} heartbeats with this token per minute"
+            return Rejected(429, "rate", reason, "rate_limited", retry_after)
+        case inventory_heartbeat.TooManyWrongTokens():
+            return locked(received_at)
+        case inventory_heartbeat.WrongToken(counted=True):
+            return Rejected(401, "Authorization", UNKNOWN_TOKEN, "unauthorized")
+    return refused_credential(address, UNKNOWN_TOKEN, received_at)
 
 
 @csrf_exempt
