@@ -59,6 +59,11 @@ def token_of(request: Request) -> ApiToken:
     return request.auth
 
 
+def may_act(token: object) -> bool:
+    """The one rule for acting at all: an operate token whose owner is still staff."""
+    return isinstance(token, ApiToken) and token.scope == Scope.OPERATE and token.user.is_staff
+
+
 class ReadOrOperate(permissions.BasePermission):
     """Any token may read; changing anything needs an `operate` token of a staff user."""
 
@@ -69,10 +74,12 @@ class ReadOrOperate(permissions.BasePermission):
             return False
         if request.method in permissions.SAFE_METHODS:
             return True
-        return request.auth.scope == Scope.OPERATE and request.user.is_staff
+        return may_act(request.auth)
 
 
 def require_perm(request: Request, perm: str) -> None:
-    """The user's own rights still apply behind an operate token."""
+    """Acting needs both an operate token and the owner's own right: neither widens the other."""
+    if not may_act(token_of(request)):
+        raise exceptions.PermissionDenied(ReadOrOperate.message)
     if not request.user.has_perm(perm):
         raise exceptions.PermissionDenied(f"{request.user.get_username()} lacks the permission {perm}")
