@@ -24,6 +24,7 @@ from urllib.parse import urlparse
 from devstack import proxy
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
+from llmgw_site.private_files import write_private
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
@@ -62,6 +63,8 @@ class Stack:
         self.logs = var_dir / "log"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # The settings default to production; this stack is for development unless told otherwise.
+        self.env.setdefault("DEBUG", "true")
         self.env.setdefault("LLMGW_VAR_DIR", str(var_dir))
         self.env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
         # Clients' port, HAProxy's; web server instances each take a free one behind it.
@@ -78,8 +81,7 @@ class Stack:
         if not self.env.get("LLMGW_JOIN_TOKEN") and not self.env.get("LLMGW_JOIN_TOKEN_FILE"):
             token_file = var_dir / "join-token"
             if not token_file.exists():
-                token_file.write_text(secrets.token_urlsafe(32))
-                token_file.chmod(0o600)
+                write_private(token_file, secrets.token_urlsafe(32))
             self.env["LLMGW_JOIN_TOKEN_FILE"] = str(token_file)
         self.parts: dict[str, Part] = {}
         # One-shot helpers (the demo's model fetch): stopped with the stack, never waited for.
@@ -210,13 +212,14 @@ class Stack:
 
     # -- running them ----------------------------------------------------------------------------
 
-    def manage(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+    def manage(self, *args: str, capture: bool = False, stdin: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
             [PYTHON, str(ROOT / "manage.py"), *args],
             env=self.env,
             cwd=ROOT,
             check=True,
             capture_output=capture,
+            input=stdin,
             text=True,
         )
 
@@ -267,9 +270,20 @@ class Stack:
         """Migrate, collect static files, and create an admin user if there is none."""
         self.manage("migrate", "--noinput", "-v0")
         self.manage("collectstatic", "--noinput", "-v0")
+        return self.ensure_admin()
+
+    def ensure_admin(self) -> str | None:
+        """The first superuser's new password, or None if there is one already.
+
+        The password goes in on stdin, never in the arguments, which `ps` shows to
+        every user of the machine; it is kept in var/admin-password, private.
+        """
         password = secrets.token_urlsafe(12)
-        result = self.manage(*ensure_admin_arguments(password), capture=True)
-        return password if "created" in result.stdout else None
+        result = self.manage("ensure_admin", "--password-stdin", capture=True, stdin=password + "\n")
+        if "created" not in result.stdout:
+            return None
+        write_private(self.var / "admin-password", f"admin {password}\n")
+        return password
 
     def start_all(self) -> None:
         self.start(self.redis_part())
@@ -277,11 +291,6 @@ class Stack:
         self.start(self.celery_part())
         self.start(self.prometheus_part())
         self.start(self.agent_part())
-
-
-def ensure_admin_arguments(password: str) -> list[str]:
-    # The password as one argument, not two: one may begin with "-", which argparse would take for an option.
-    return ["ensure_admin", f"--password={password}"]
 
 
 def default_workers() -> int:

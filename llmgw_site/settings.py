@@ -1,8 +1,9 @@
 """Settings, every one of them from the environment (see .env.example).
 
-With nothing set this runs for development: SQLite under var/, DEBUG on, Redis
-on localhost. With DEBUG=false it refuses to start without SECRET_KEY and
-ALLOWED_HOSTS, and `manage.py check --deploy` is clean.
+With nothing set these are production settings (DEBUG off): then SECRET_KEY and
+ALLOWED_HOSTS are required, and `manage.py check --deploy` is clean. Development
+asks for DEBUG=true by name (`make run`, the tests' settings); then SQLite under
+var/, Redis on localhost and a key kept under var/ need nothing else.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LLMGW_VAR_DIR", str(BASE_DIR / "var")))
 
 try:
-    DEBUG = env_bool("DEBUG", True)
+    # Production unless asked: a forgotten variable must not serve tracebacks and plain-HTTP cookies.
+    DEBUG = env_bool("DEBUG", False)
     SECRET_KEY = env_str("SECRET_KEY")
     ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"] if DEBUG else [])
     DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'llmgw.sqlite3'}")
@@ -74,9 +76,9 @@ elif not SECRET_KEY:
     if not _key_file.exists():
         import secrets
 
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        _key_file.write_text(secrets.token_urlsafe(50))
-        _key_file.chmod(0o600)
+        from llmgw_site.private_files import write_private
+
+        write_private(_key_file, secrets.token_urlsafe(50))
     SECRET_KEY = _key_file.read_text().strip()
 
 INSTALLED_APPS = [
