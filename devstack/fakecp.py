@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hmac
 import secrets
 import threading
 from collections import deque
@@ -66,7 +67,7 @@ class FakeControlPlane:
                     self.reply(404, protocol.Rejection(field="path", reason="not found"))
 
             def register(self, bearer, body):
-                if bearer != plane.join_token:
+                if not hmac.compare_digest(bearer.encode(), plane.join_token.encode()):
                     self.reply(401, protocol.Rejection(field="Authorization", reason="unknown join token"))
                     return
                 message = protocol.decode(body, protocol.Register)
