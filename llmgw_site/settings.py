@@ -42,6 +42,11 @@ try:
     # Routes an empty view for bench/heartbeat.py's ceiling; never set in production.
     LLMGW_BENCH_EMPTY_VIEW = env_bool("LLMGW_BENCH_EMPTY_VIEW", False)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+    # A request carrying a credential over plain HTTP is refused, not redirected (nodes/entry.py):
+    # by the time a redirect is sent, the secret has crossed the network in the clear.
+    LLMGW_REQUIRE_HTTPS = env_bool("LLMGW_REQUIRE_HTTPS", not DEBUG)
+    # For a client on this host (an agent or `llmgw` beside the control plane) talking to it over loopback.
+    LLMGW_PLAIN_HTTP_FROM_LOOPBACK = env_bool("LLMGW_PLAIN_HTTP_FROM_LOOPBACK", False)
     CONN_MAX_AGE = env_int("CONN_MAX_AGE", 60, minimum=0)
     # Agent API limits (nodes/ratelimit.py), per minute, shared by all workers through Redis.
     LLMGW_REGISTER_PER_MINUTE = env_int("LLMGW_REGISTER_PER_MINUTE", 20, minimum=1)
@@ -101,6 +106,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # POST /api/v1/heartbeat never reaches this chain: llmgw_site/wsgi.py answers it first (nodes/api/fastpath.py).
     "llmgw_site.access_log.AccessLogMiddleware",
+    # Before anything reads the Host or serves a byte: the same checks as the heartbeat's fast path.
+    "nodes.entry.EntryMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "llmgw_site.security.SecurityHeadersMiddleware",

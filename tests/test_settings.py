@@ -136,8 +136,8 @@ def test_with_debug_unset_the_settings_are_production_ones(tmp_path):
     refused = manage("check", LLMGW_VAR_DIR=str(tmp_path))
     assert refused.returncode != 0
     assert "SECRET_KEY is required when DEBUG is false" in refused.stderr
-    code = "from django.conf import settings; print(settings.DEBUG, settings.SESSION_COOKIE_SECURE)"
+    code = "from django.conf import settings as s; print(s.DEBUG, s.SESSION_COOKIE_SECURE, s.LLMGW_REQUIRE_HTTPS)"
     shown = manage(
         "shell", "-c", code, SECRET_KEY="k" * 60, ALLOWED_HOSTS="llmgw.example.com", LLMGW_VAR_DIR=str(tmp_path)
     )
-    assert shown.stdout.split()[-2:] == ["False", "True"], shown.stderr
+    assert shown.stdout.split()[-3:] == ["False", "True", "True"], shown.stderr
