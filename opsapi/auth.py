@@ -77,6 +77,11 @@ class ReadOrOperate(permissions.BasePermission):
         return may_act(request.auth)
 
 
+def may(request: Request, perm: str) -> bool:
+    """Whether this request could act with `perm`: through an operate token, with the owner's own right."""
+    return may_act(token_of(request)) and request.user.has_perm(perm)
+
+
 def require_perm(request: Request, perm: str) -> None:
     """Acting needs both an operate token and the owner's own right: neither widens the other."""
     if not may_act(token_of(request)):
