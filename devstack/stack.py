@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from devstack import proxy
+from devstack import proxy, tls
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from llmgw_site.private_files import write_private
@@ -58,6 +58,9 @@ class Stack:
         prometheus_port: int = 9090,
         workers: int | None = None,
         web_instances: int = 1,
+        https_port: int | None = None,
+        https_host: str = "127.0.0.1",
+        redis_password: bool = False,
     ):
         self.var = var_dir
         self.logs = var_dir / "log"
@@ -67,8 +70,14 @@ class Stack:
         self.env.setdefault("DEBUG", "true")
         self.env.setdefault("LLMGW_VAR_DIR", str(var_dir))
         self.env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
-        # Clients' port, HAProxy's; web server instances each take a free one behind it.
+        # Clients' port, HAProxy's; web server instances each take a free one behind it. Plain HTTP
+        # is served on loopback only; HTTPS, with the certificate of a CA made under var/tls/, on
+        # https_port where one is given (devstack/tls.py).
         self.web_port = web_port
+        self.https_port = https_port
+        self.https_host = https_host
+        # A Redis this stack starts asks for a password kept in var/ (redis_part).
+        self.redis_password = redis_password
         # HAProxy adds the one X-Forwarded-For entry the control plane may trust.
         self.env.setdefault("LLMGW_PROXY_HOPS", "1")
         self.prometheus_port = prometheus_port
@@ -90,17 +99,31 @@ class Stack:
     # -- the parts -------------------------------------------------------------------------------
 
     def redis_part(self) -> Part | None:
-        """A redis-server of our own, unless one already answers at REDIS_URL."""
+        """A redis-server of our own, unless one already answers at REDIS_URL.
+
+        With `redis_password`, it asks for the password kept in var/redis-password,
+        which REDIS_URL then carries: whoever writes Redis writes what nodes are told
+        to run. The password goes in through a private config file, not the command
+        line, which `ps` shows to everyone.
+        """
         url = urlparse(self.env["REDIS_URL"])
         port = url.port or 6379
         if redis_answers(self.env["REDIS_URL"]):
             return None
         data = self.var / "redis"
         data.mkdir(parents=True, exist_ok=True)
+        config = []
+        if self.redis_password:
+            password = self.redis_secret()
+            settings_file = self.var / "redis.conf"
+            write_private(settings_file, f"requirepass {password}\n")
+            config = [str(settings_file)]
+            self.env["REDIS_URL"] = url._replace(netloc=f":{password}@{url.hostname or '127.0.0.1'}:{port}").geturl()
         return Part(
             "redis",
             [
                 "redis-server",
+                *config,
                 "--port",
                 str(port),
                 "--bind",
@@ -114,6 +137,13 @@ class Stack:
             ],
             ready=lambda: port_open(port),
         )
+
+    def redis_secret(self) -> str:
+        """The password of the Redis this stack starts: made once, kept private under var/."""
+        kept = self.var / "redis-password"
+        if not kept.exists():
+            write_private(kept, secrets.token_urlsafe(32))
+        return kept.read_text().strip()
 
     def web_part(self, instance: int = 0) -> Part:
         """Web server instance `instance` (named "web", "web-1", …) on its own port behind the proxy.
@@ -130,13 +160,20 @@ class Stack:
             ready=lambda: port_open(backend.port),
         )
 
+    @property
+    def https_url(self) -> str | None:
+        return f"https://127.0.0.1:{self.https_port}" if self.https_port else None
+
     def proxy_part(self) -> Part:
         config = self.var / "haproxy.cfg"
-        config.write_text(proxy.render(f"127.0.0.1:{self.web_port}", self.backends, self.stats_socket))
+        binds = [f"127.0.0.1:{self.web_port}"]
+        if self.https_port:
+            binds.append(f"{self.https_host}:{self.https_port} ssl crt {tls.ensure(self.var).proxy_pem}")
+        config.write_text(proxy.render(binds, self.backends, self.stats_socket))
         return Part(
             "proxy",
             [proxy.haproxy_binary(), "-db", "-f", str(config)],
-            ready=lambda: port_open(self.web_port),
+            ready=lambda: port_open(self.web_port) and (not self.https_port or port_open(self.https_port)),
         )
 
     def start_web(self) -> None:

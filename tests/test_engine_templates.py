@@ -10,7 +10,7 @@ from agent.engine_templates import Launch
 from inventory import desired
 from inventory.models import Deployment, Engine, Shard
 
-CONFIG = {"control_plane": "http://cp.example:8000", "join_token": "x", "engines": {}}
+CONFIG = {"control_plane": "https://cp.example:8000", "join_token": "x", "engines": {}}
 
 
 def agent_side(engine: str, model: str, port: int, args: list[str]) -> list[str]:
