@@ -15,7 +15,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("nodes", "opsapi", "inventory", "livestate", "agent", "llmgwctl", "llmgw_site", "devstack")
+PACKAGES = (
+    "nodes",
+    "opsapi",
+    "inventory",
+    "livestate",
+    "agent",
+    "llmgwctl",
+    "llmgw_site",
+    "devstack",
+    "llmgw_transport",
+)
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
