@@ -64,10 +64,16 @@ def host_allowed(environ: dict) -> bool:
     exact, suffixes, anything = host_rule()
     if anything:
         return True
-    domain, _port = split_domain_port(environ.get("HTTP_HOST") or environ.get("SERVER_NAME", ""))
-    if not domain:
+    host = (environ.get("HTTP_HOST") or environ.get("SERVER_NAME", "")).lower()
+    # The usual case, a listed name with or without a port, costs a set lookup: every heartbeat asks.
+    name, colon, port = host.rpartition(":")
+    if host in exact or (colon and port.isdigit() and name in exact):
+        return True
+    domain = name if colon and port.isdigit() else host
+    if not any(domain == suffix[1:] or domain.endswith(suffix) for suffix in suffixes):
         return False
-    return domain in exact or any(domain == suffix[1:] or domain.endswith(suffix) for suffix in suffixes)
+    # A `.suffix` match must also be a well-formed name, as Django's own parsing requires.
+    return split_domain_port(host)[0] == domain
 
 
 def from_loopback(environ: dict) -> bool:
