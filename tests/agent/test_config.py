@@ -192,9 +192,9 @@ def test_bad_values_name_the_key(tmp_path, extra, message):
     ("text", "message"),
     [
         ("join_token: x\n", "control_plane: required"),
-        ("control_plane: http://cp:8000\n", "join_token: required"),
+        ("control_plane: https://cp:8000\n", "join_token: required"),
         ("control_plane: ftp://cp\njoin_token: x\n", "control_plane: expected an https:// URL"),
-        ("control_plane: http://cp:8000\njoin_token_file: /nonexistent/token\n", "join_token_file: no such file"),
+        ("control_plane: https://cp:8000\njoin_token_file: /nonexistent/token\n", "join_token_file: no such file"),
         ("- a\n- b\n", "must be a mapping"),
         ("control_plane: [unclosed\n", "not valid YAML at line"),
     ],
