@@ -16,6 +16,7 @@ import msgspec
 import requests
 
 from agent import protocol
+from llmgw_transport import verify
 
 log = logging.getLogger("agent.client")
 
@@ -75,10 +76,14 @@ class ControlPlane:
         connect_timeout: float = 3.05,
         read_timeout: float = 10.0,
         session: requests.Session | None = None,
+        ca_file: str = "",
     ):
         self.url = url.rstrip("/")
         self.timeout = (connect_timeout, read_timeout)
         self.session = session or requests.Session()
+        # The control plane's certificate is always checked: against ca_file where the config names one.
+        # Passed with each request: requests lets REQUESTS_CA_BUNDLE in the environment override a session's.
+        self.verify = verify(ca_file)
         self.session.headers["User-Agent"] = "llmgw-agent"
         self.session.headers["Content-Type"] = "application/json"
 
@@ -93,7 +98,11 @@ class ControlPlane:
     def _post(self, path: str, token: str, body: bytes) -> bytes:
         try:
             response = self.session.post(
-                self.url + path, data=body, headers={"Authorization": f"Bearer {token}"}, timeout=self.timeout
+                self.url + path,
+                data=body,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=self.timeout,
+                verify=self.verify,
             )
             content = response.content
         except requests.RequestException as exc:

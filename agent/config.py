@@ -11,13 +11,13 @@ import re
 import socket
 from pathlib import Path
 from typing import Annotated
-from urllib.parse import urlparse
 
 import msgspec
 import yaml
 
 from agent import enginekinds, protocol
 from agent.shard_config import ShardConfig
+from llmgw_transport import InsecureUrl, check_url
 
 # \Z, not $: $ would also match before a final newline.
 _NODE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z")
@@ -45,6 +45,10 @@ class FabricConfig(_Strict):
 
 class Config(_Strict):
     control_plane: str
+    # Plain http:// to a host other than loopback only when said by name: the replies say what this node runs.
+    allow_insecure_http: bool = False
+    # The certificate authority that signs the control plane's certificate; empty: the system's.
+    ca_file: str = ""
     node_id: str = ""
     join_token: str = ""
     join_token_file: str = ""
@@ -115,7 +119,7 @@ def from_mapping(data: object) -> Config:
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown key (known keys: {', '.join(KEYS)})")
     if "control_plane" not in data:
-        raise ConfigError("control_plane: required, the URL of the control plane (http://host:port)")
+        raise ConfigError("control_plane: required, the URL of the control plane (https://host:port)")
     try:
         config = msgspec.convert(data, Config)
     except msgspec.ValidationError as exc:
@@ -136,9 +140,12 @@ def _describe(exc: msgspec.ValidationError) -> str:
 
 
 def _check(config: Config) -> None:
-    url = urlparse(config.control_plane)
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise ConfigError(f"control_plane: expected an http:// or https:// URL, got {config.control_plane!r}")
+    try:
+        check_url(config.control_plane, config.allow_insecure_http)
+    except InsecureUrl as exc:
+        raise ConfigError(f"control_plane: {exc}") from None
+    if config.ca_file and not Path(config.ca_file).is_file():
+        raise ConfigError(f"ca_file: no such file {config.ca_file}")
     if config.node_id and not valid_id(config.node_id):
         raise ConfigError("node_id: expected letters, digits and . _ : - (starting with a letter or digit)")
     if config.join_token and config.join_token_file:

@@ -77,7 +77,9 @@ class Agent:
             record_file=self.state_dir / "groups.json",
             cgroups=self.cgroups,
         )
-        self.client = ControlPlane(config.control_plane, tuning.connect_timeout, tuning.read_timeout, session)
+        self.client = ControlPlane(
+            config.control_plane, tuning.connect_timeout, tuning.read_timeout, session, ca_file=config.ca_file
+        )
         self.tokens = TokenStore(self.state_dir)
         self.provisioner = Provisioner(
             self.state_dir / "engines",

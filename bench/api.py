@@ -66,6 +66,8 @@ def main() -> int:
             "DEBUG": "false",
             "SECRET_KEY": "bench-only-not-a-secret",
             "ALLOWED_HOSTS": "testserver",
+            # The test client speaks plain HTTP in-process: tokens may cross it (nodes/entry.py).
+            "LLMGW_REQUIRE_HTTPS": "false",
             "DJANGO_SETTINGS_MODULE": "llmgw_site.settings",
         }
     )

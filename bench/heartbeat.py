@@ -313,6 +313,8 @@ def main() -> int:
             "SECRET_KEY": secrets.token_urlsafe(50),
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "SECURE_SSL_REDIRECT": "false",
+            # Plain HTTP on loopback, as no TLS is in front: tokens may cross it (nodes/entry.py).
+            "LLMGW_REQUIRE_HTTPS": "false",
             # The whole simulated fleet registers from this one address.
             "LLMGW_REGISTER_PER_MINUTE": str(max(args.nodes * 2, 100)),
             # The capacity steps beat each node faster than an agent would.

@@ -50,6 +50,8 @@ def setup_django(var: Path, redis_url: str, database_url: str | None) -> dict[st
         "SECRET_KEY": "bench-only-not-a-secret",
         "ALLOWED_HOSTS": "127.0.0.1,localhost",
         "SECURE_SSL_REDIRECT": "false",
+        # Plain HTTP on loopback, as no TLS is in front: tokens may cross it (nodes/entry.py).
+        "LLMGW_REQUIRE_HTTPS": "false",
     }
     os.environ.update(env)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")

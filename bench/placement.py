@@ -40,6 +40,8 @@ MIX = [
 
 def setup_django(database_url: str | None, var: Path) -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
+    # In-process and throwaway: the development settings, asked for by name (production is the default).
+    os.environ.setdefault("DEBUG", "true")
     os.environ["LLMGW_VAR_DIR"] = str(var)
     os.environ["DATABASE_URL"] = database_url or f"sqlite:///{var / 'bench.sqlite3'}"
     import django

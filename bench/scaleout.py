@@ -159,6 +159,8 @@ class ScaleOut:
                 "SECRET_KEY": secrets.token_urlsafe(50),
                 "ALLOWED_HOSTS": "127.0.0.1,localhost",
                 "SECURE_SSL_REDIRECT": "false",
+                # Plain HTTP on loopback, as no TLS is in front: tokens may cross it (nodes/entry.py).
+                "LLMGW_REQUIRE_HTTPS": "false",
                 "LLMGW_HEARTBEAT_INTERVAL": str(a.interval),
                 "LLMGW_UNREACHABLE_AFTER": str(a.unreachable_after),
                 "LLMGW_LOST_AFTER": str(max(a.unreachable_after * 10, 300)),

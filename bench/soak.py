@@ -124,6 +124,8 @@ class Soak:
             "SECRET_KEY": secrets.token_urlsafe(50),
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "SECURE_SSL_REDIRECT": "false",
+            # Plain HTTP on loopback, as no TLS is in front: tokens may cross it (nodes/entry.py).
+            "LLMGW_REQUIRE_HTTPS": "false",
             "LLMGW_HEARTBEAT_INTERVAL": str(args.interval),
             "LLMGW_UNREACHABLE_AFTER": str(args.unreachable_after),
             "LLMGW_LOST_AFTER": str(args.lost_after),

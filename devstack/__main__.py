@@ -8,12 +8,20 @@ import sys
 import time
 from pathlib import Path
 
+from devstack import tls
 from devstack.stack import ROOT, Stack
+
+HTTPS_PORT = 8443
 
 
 def main() -> int:
     var = Path(os.environ.get("LLMGW_VAR_DIR", ROOT / "var"))
-    stack = Stack(var)
+    # HTTPS for clients, with a CA made under var/tls/; plain HTTP on loopback only. LLMGW_DEV_HTTPS_HOST=0.0.0.0
+    # lets agents on other machines in (they trust var/tls/ca.pem by its file).
+    stack = Stack(
+        var, https_port=HTTPS_PORT, https_host=os.environ.get("LLMGW_DEV_HTTPS_HOST", "127.0.0.1"), redis_password=True
+    )
+    base = f"https://127.0.0.1:{HTTPS_PORT}"
     stopping = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -29,7 +37,8 @@ def main() -> int:
         stack.start_web()
         stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
-        stack.manage("setup_demo", "--var-dir", str(var), capture=True)
+        ca = str(tls.ensure(var).ca)
+        stack.manage("setup_demo", "--var-dir", str(var), "--control-plane", base, "--ca-file", ca, capture=True)
         stack.fetch_demo_model()
         stack.start(stack.agent_part())
     except Exception as exc:
@@ -37,17 +46,21 @@ def main() -> int:
         stack.stop_all()
         return 1
 
-    base = f"http://127.0.0.1:{stack.web_port}"
+    plain = f"http://127.0.0.1:{stack.web_port}"
     print()
     print("llmgw is running:")
-    print(f"  cluster page   {base}/")
+    print(f"  cluster page   {base}/   (plain HTTP on loopback only: {plain}/)")
     print(f"  admin          {base}/admin/")
     print(f"  fleet metrics  {base}/metrics")
+    print(f"  certificates   made by the stack's own CA, {tls.ensure(var).ca}: trust it (the agent does, by file)")
     backends = ", ".join(f"127.0.0.1:{b.port}" for b in stack.backends)
-    print(f"  proxy          HAProxy at {base}, in front of granian at {backends} ({stack.var / 'haproxy.cfg'})")
+    print(f"  proxy          HAProxy at {base} and {plain}, before granian at {backends} ({stack.var / 'haproxy.cfg'})")
     if "prometheus" in stack.parts:
         print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
-    print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))
+    if redis:
+        print(f"  redis          started here, with the password in {var / 'redis-password'} (REDIS_URL carries it)")
+    else:
+        print(f"  redis          {stack.env['REDIS_URL']}, already running: used as it is, WITHOUT a password")
     print(f"  logs           {stack.logs}/")
     print("  demo model     Gemma 3 270M on llama.cpp, fetched and built in the background: the node page")
     print("                 shows the install, then the engine and its endpoint (README: asking it a question)")

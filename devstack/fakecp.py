@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hmac
 import secrets
+import ssl
 import threading
 from collections import deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import msgspec
 
@@ -15,7 +18,7 @@ from agent import protocol
 class FakeControlPlane:
     """Modes for heartbeats: ok, fail (500), hang (no answer until released), reject (400 with a Rejection)."""
 
-    def __init__(self, join_token: str = "join-secret", interval: float = 0.05):
+    def __init__(self, join_token: str = "join-secret", interval: float = 0.05, certificate: Path | None = None):
         self.join_token = join_token
         self.interval = interval
         self.mode = "ok"
@@ -31,7 +34,14 @@ class FakeControlPlane:
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        scheme = "http"
+        if certificate is not None:
+            # HTTPS with a certificate and its key in one file, as HAProxy's `crt` takes it (devstack/tls.py).
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certificate)
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+            scheme = "https"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_port}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> FakeControlPlane:
@@ -70,7 +80,7 @@ class FakeControlPlane:
                     self.reply(404, protocol.Rejection(field="path", reason="not found"))
 
             def register(self, bearer, body):
-                if bearer != plane.join_token:
+                if not hmac.compare_digest(bearer.encode(), plane.join_token.encode()):
                     self.reply(401, protocol.Rejection(field="Authorization", reason="unknown join token"))
                     return
                 message = protocol.decode(body, protocol.Register)

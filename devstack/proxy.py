@@ -49,9 +49,15 @@ def max_connections() -> int:
     return max(min(PRODUCTION_MAXCONN, (hard - 100) // 2), 100)
 
 
-def render(bind: str, backends: list[Backend], stats_socket: Path, template: str | None = None) -> str:
-    """deploy/haproxy.cfg with its placeholders filled; a placeholder left over is a mistake, not a default."""
+def render(bind: str | list[str], backends: list[Backend], stats_socket: Path, template: str | None = None) -> str:
+    """deploy/haproxy.cfg with its placeholders filled; a placeholder left over is a mistake, not a default.
+
+    `bind` is one address, or several `bind` lines' arguments (the stack's plain
+    loopback port and its HTTPS one, `… ssl crt …`).
+    """
     text = TEMPLATE.read_text() if template is None else template
+    if isinstance(bind, list):
+        bind = "\n    bind ".join(bind)
     # One request per web worker at a time: the rest wait in HAProxy's queue, not in the server's backlog.
     servers = "\n".join(f"    server {b.name} 127.0.0.1:{b.port} maxconn {b.workers}" for b in backends)
     fields = {"bind": bind, "servers": servers, "stats_socket": str(stats_socket), "maxconn": str(max_connections())}

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from devstack import proxy
+from devstack import proxy, tls
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
+from lib.private_files import write_private
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() else sys.executable
@@ -64,15 +65,26 @@ class Stack:
         prometheus_port: int = 9090,
         workers: int | None = None,
         web_instances: int = 1,
+        https_port: int | None = None,
+        https_host: str = "127.0.0.1",
+        redis_password: bool = False,
     ):
         self.var = var_dir
         self.logs = var_dir / "log"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        # The settings default to production; this stack is for development unless told otherwise.
+        self.env.setdefault("DEBUG", "true")
         self.env.setdefault("LLMGW_VAR_DIR", str(var_dir))
         self.env.setdefault("REDIS_URL", "redis://127.0.0.1:6379/0")
-        # Clients' port, HAProxy's; web server instances each take a free one behind it.
+        # Clients' port, HAProxy's; web server instances each take a free one behind it. Plain HTTP
+        # is served on loopback only; HTTPS, with the certificate of a CA made under var/tls/, on
+        # https_port where one is given (devstack/tls.py).
         self.web_port = web_port
+        self.https_port = https_port
+        self.https_host = https_host
+        # A Redis this stack starts asks for a password kept in var/ (redis_part).
+        self.redis_password = redis_password
         # HAProxy adds the one X-Forwarded-For entry the control plane may trust.
         self.env.setdefault("LLMGW_PROXY_HOPS", "1")
         self.prometheus_port = prometheus_port
@@ -86,10 +98,10 @@ class Stack:
         self.join_token_file = var_dir / "join-token"
         given = given_join_token(self.env)
         if given:
-            write_secret(self.join_token_file, given)
+            write_private(self.join_token_file, given)
         else:
             if not self.join_token_file.exists():
-                write_secret(self.join_token_file, secrets.token_urlsafe(32))
+                write_private(self.join_token_file, secrets.token_urlsafe(32))
             self.env["LLMGW_JOIN_TOKEN_FILE"] = str(self.join_token_file)
         self.parts: dict[str, Part] = {}
         # One-shot helpers (the demo's model fetch): stopped with the stack, never waited for.
@@ -98,17 +110,31 @@ class Stack:
     # -- the parts -------------------------------------------------------------------------------
 
     def redis_part(self) -> Part | None:
-        """A redis-server of our own, unless one already answers at REDIS_URL."""
+        """A redis-server of our own, unless one already answers at REDIS_URL.
+
+        With `redis_password`, it asks for the password kept in var/redis-password,
+        which REDIS_URL then carries: whoever writes Redis writes what nodes are told
+        to run. The password goes in through a private config file, not the command
+        line, which `ps` shows to everyone.
+        """
         url = urlparse(self.env["REDIS_URL"])
         port = url.port or 6379
         if redis_answers(self.env["REDIS_URL"]):
             return None
         data = self.var / "redis"
         data.mkdir(parents=True, exist_ok=True)
+        config = []
+        if self.redis_password:
+            password = self.redis_secret()
+            settings_file = self.var / "redis.conf"
+            write_private(settings_file, f"requirepass {password}\n")
+            config = [str(settings_file)]
+            self.env["REDIS_URL"] = url._replace(netloc=f":{password}@{url.hostname or '127.0.0.1'}:{port}").geturl()
         return Part(
             "redis",
             [
                 "redis-server",
+                *config,
                 "--port",
                 str(port),
                 "--bind",
@@ -122,6 +148,13 @@ class Stack:
             ],
             ready=lambda: port_open(port),
         )
+
+    def redis_secret(self) -> str:
+        """The password of the Redis this stack starts: made once, kept private under var/."""
+        kept = self.var / "redis-password"
+        if not kept.exists():
+            write_private(kept, secrets.token_urlsafe(32))
+        return kept.read_text().strip()
 
     def web_part(self, instance: int = 0) -> Part:
         """Web server instance `instance` (named "web", "web-1", …) on its own port behind the proxy.
@@ -138,13 +171,20 @@ class Stack:
             ready=lambda: port_open(backend.port),
         )
 
+    @property
+    def https_url(self) -> str | None:
+        return f"https://127.0.0.1:{self.https_port}" if self.https_port else None
+
     def proxy_part(self) -> Part:
         config = self.var / "haproxy.cfg"
-        config.write_text(proxy.render(f"127.0.0.1:{self.web_port}", self.backends, self.stats_socket))
+        binds = [f"127.0.0.1:{self.web_port}"]
+        if self.https_port:
+            binds.append(f"{self.https_host}:{self.https_port} ssl crt {tls.ensure(self.var).proxy_pem}")
+        config.write_text(proxy.render(binds, self.backends, self.stats_socket))
         return Part(
             "proxy",
             [proxy.haproxy_binary(), "-db", "-f", str(config)],
-            ready=lambda: port_open(self.web_port),
+            ready=lambda: port_open(self.web_port) and (not self.https_port or port_open(self.https_port)),
         )
 
     def start_web(self) -> None:
@@ -220,13 +260,14 @@ class Stack:
 
     # -- running them ----------------------------------------------------------------------------
 
-    def manage(self, *args: str, capture: bool = False) -> subprocess.CompletedProcess:
+    def manage(self, *args: str, capture: bool = False, stdin: str | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
             [PYTHON, str(ROOT / "manage.py"), *args],
             env=self.env,
             cwd=ROOT,
             check=True,
             capture_output=capture,
+            input=stdin,
             text=True,
         )
 
@@ -278,9 +319,20 @@ class Stack:
         """Migrate, collect static files, and create an admin user if there is none."""
         self.manage("migrate", "--noinput", "-v0")
         self.manage("collectstatic", "--noinput", "-v0")
+        return self.ensure_admin()
+
+    def ensure_admin(self) -> str | None:
+        """The first superuser's new password, or None if there is one already.
+
+        The password goes in on stdin, never in the arguments, which `ps` shows to
+        every user of the machine; it is kept in var/admin-password, private.
+        """
         password = secrets.token_urlsafe(12)
-        result = self.manage(*ensure_admin_arguments(password), capture=True)
-        return password if "created" in result.stdout else None
+        result = self.manage("ensure_admin", "--password-stdin", capture=True, stdin=password + "\n")
+        if "created" not in result.stdout:
+            return None
+        write_private(self.var / "admin-password", f"admin {password}\n")
+        return password
 
 
 def given_join_token(env: dict[str, str]) -> str:
@@ -288,19 +340,6 @@ def given_join_token(env: dict[str, str]) -> str:
     if env.get("LLMGW_JOIN_TOKEN_FILE"):
         return Path(env["LLMGW_JOIN_TOKEN_FILE"]).read_text().strip()
     return env.get("LLMGW_JOIN_TOKEN", "")
-
-
-def write_secret(path: Path, value: str) -> None:
-    """`value` into `path`, readable by its owner only, whatever the file held before."""
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(value)
-    path.chmod(0o600)
-
-
-def ensure_admin_arguments(password: str) -> list[str]:
-    # The password as one argument, not two: one may begin with "-", which argparse would take for an option.
-    return ["ensure_admin", f"--password={password}"]
 
 
 def default_workers() -> int:

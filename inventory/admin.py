@@ -507,7 +507,7 @@ class DeploymentAdmin(admin.ModelAdmin):
     search_fields = ("name", "model_source")
     inlines = (ReplicaInline,)
     fieldsets = (
-        (None, {"fields": ("name", "model_source", "engine", "arguments", "replicas")}),
+        (None, {"fields": ("name", "model_source", "engine", "arguments", "secret_arguments", "replicas")}),
         (
             "Profile: what one shard needs",
             {
@@ -524,7 +524,21 @@ class DeploymentAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request, obj=None):
         # Replica and shard ids are built from the name, and agents know them.
-        return ("name",) if obj is not None else ()
+        return ("name", "hidden_arguments") if obj is not None else ()
+
+    def get_fieldsets(self, request, obj=None):
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj.hides_arguments_from(self.has_change_permission(request, obj)):
+            return fieldsets
+        swapped = {"arguments": "hidden_arguments"}
+        return [
+            (title, {**options, "fields": tuple(swapped.get(name, name) for name in options["fields"])})
+            for title, options in fieldsets
+        ]
+
+    @admin.display(description="arguments")
+    def hidden_arguments(self, obj: Deployment) -> str:
+        return obj.arguments_for(may_change=False)
 
     def get_queryset(self, request):
         pending = Replica.objects.filter(state=ReplicaState.PENDING).order_by("ordinal")

@@ -1,8 +1,9 @@
 """Settings, every one of them from the environment (see .env.example).
 
-With nothing set this runs for development: SQLite under var/, DEBUG on, Redis
-on localhost. With DEBUG=false it refuses to start without SECRET_KEY and
-ALLOWED_HOSTS, and `manage.py check --deploy` is clean.
+With nothing set these are production settings (DEBUG off): then SECRET_KEY and
+ALLOWED_HOSTS are required, and `manage.py check --deploy` is clean. Development
+asks for DEBUG=true by name (`make run`, the tests' settings); then SQLite under
+var/, Redis on localhost and a key kept under var/ need nothing else.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("LLMGW_VAR_DIR", str(BASE_DIR / "var")))
 
 try:
-    DEBUG = env_bool("DEBUG", True)
+    # Production unless asked: a forgotten variable must not serve tracebacks and plain-HTTP cookies.
+    DEBUG = env_bool("DEBUG", False)
     SECRET_KEY = env_str("SECRET_KEY")
     ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"] if DEBUG else [])
     DATABASE_URL = env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'llmgw.sqlite3'}")
@@ -40,6 +42,11 @@ try:
     # Routes an empty view for bench/heartbeat.py's ceiling; never set in production.
     LLMGW_BENCH_EMPTY_VIEW = env_bool("LLMGW_BENCH_EMPTY_VIEW", False)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+    # A request carrying a credential over plain HTTP is refused, not redirected (nodes/entry.py):
+    # by the time a redirect is sent, the secret has crossed the network in the clear.
+    LLMGW_REQUIRE_HTTPS = env_bool("LLMGW_REQUIRE_HTTPS", not DEBUG)
+    # For a client on this host (an agent or `llmgw` beside the control plane) talking to it over loopback.
+    LLMGW_PLAIN_HTTP_FROM_LOOPBACK = env_bool("LLMGW_PLAIN_HTTP_FROM_LOOPBACK", False)
     CONN_MAX_AGE = env_int("CONN_MAX_AGE", 60, minimum=0)
     # Agent API limits (nodes/ratelimit.py), per minute, shared by all workers through Redis.
     LLMGW_REGISTER_PER_MINUTE = env_int("LLMGW_REGISTER_PER_MINUTE", 20, minimum=1)
@@ -74,9 +81,9 @@ elif not SECRET_KEY:
     if not _key_file.exists():
         import secrets
 
-        VAR_DIR.mkdir(parents=True, exist_ok=True)
-        _key_file.write_text(secrets.token_urlsafe(50))
-        _key_file.chmod(0o600)
+        from lib.private_files import write_private
+
+        write_private(_key_file, secrets.token_urlsafe(50))
     SECRET_KEY = _key_file.read_text().strip()
 
 INSTALLED_APPS = [
@@ -99,6 +106,8 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # POST /api/v1/heartbeat never reaches this chain: llmgw_site/wsgi.py answers it first (nodes/api/fastpath.py).
     "llmgw_site.middleware.AccessLogMiddleware",
+    # Before anything reads the Host or serves a byte: the same checks as the heartbeat's fast path.
+    "nodes.entry.EntryMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "llmgw_site.security.SecurityHeadersMiddleware",

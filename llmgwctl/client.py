@@ -6,6 +6,7 @@ from typing import Any
 
 import requests
 
+from llmgw_transport import InsecureUrl, check_url, verify
 from llmgwctl import __version__
 
 PREFIX = "/api/ops/v1"
@@ -40,15 +41,25 @@ def code_for(status: int) -> int:
 
 
 class Client:
-    def __init__(self, url: str, token: str):
+    def __init__(self, url: str, token: str, ca_file: str = "", allow_insecure_http: bool = False):
+        # The token acts as its owner: never sent in the clear, nor to a server whose certificate is not checked.
+        try:
+            check_url(url, allow_insecure_http)
+            checked = verify(ca_file)
+        except InsecureUrl as exc:
+            raise Failure(f"{url}: {exc} (llmgw login --allow-insecure-http)", USAGE) from None
         self.url = url.rstrip("/")
         self.session = requests.Session()
+        # Passed with each request: requests lets REQUESTS_CA_BUNDLE in the environment override a session's.
+        self.verify = checked
         self.session.headers["Authorization"] = f"Bearer {token}"
         self.session.headers["User-Agent"] = f"llmgw/{__version__}"
 
     def request(self, method: str, path: str, **kwargs: Any) -> requests.Response:
         try:
-            response = self.session.request(method, self.url + PREFIX + path, timeout=TIMEOUT, **kwargs)
+            response = self.session.request(
+                method, self.url + PREFIX + path, timeout=TIMEOUT, verify=self.verify, **kwargs
+            )
         except requests.RequestException as exc:
             raise Failure(f"cannot reach {self.url}: {type(exc).__name__}", UNREACHABLE) from None
         if response.status_code >= 400:

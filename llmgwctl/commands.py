@@ -24,7 +24,7 @@ def client() -> Client:
         login = config.load()
     except config.NotLoggedIn as exc:
         raise Failure(str(exc), AUTH) from None
-    return Client(login.url, login.token)
+    return Client(login.url, login.token, login.ca_file, login.allow_insecure_http)
 
 
 def login(args: Namespace) -> int:
@@ -37,8 +37,11 @@ def login(args: Namespace) -> int:
         token = getpass.getpass(f"API token for {args.url} (from its Tokens page): ").strip()
     if not token:
         raise Failure("no token given", USAGE)
-    me = Client(args.url, token).get("/me/").json()
-    path = config.save(config.Login(url=args.url.rstrip("/"), token=token))
+    saved = config.Login(
+        args.url.rstrip("/"), token, os.path.abspath(args.ca_file) if args.ca_file else "", args.allow_insecure_http
+    )
+    me = Client(saved.url, token, saved.ca_file, saved.allow_insecure_http).get("/me/").json()
+    path = config.save(saved)
     token_info = me["token"]
     out(f"logged in to {args.url} as {me['user']} ({token_info['scope']} token {token_info['name']}); saved in {path}")
     return OK

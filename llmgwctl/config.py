@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 
@@ -16,6 +16,10 @@ class NotLoggedIn(Exception):
 class Login:
     url: str
     token: str
+    # The CA that signs the control plane's certificate (empty: the system's), and plain http:// to a host
+    # other than loopback, allowed only by name (llmgw login --ca-file, --allow-insecure-http).
+    ca_file: str = ""
+    allow_insecure_http: bool = False
 
 
 def config_dir() -> Path:
@@ -36,7 +40,7 @@ def save(login: Login) -> Path:
     # Created with its final mode, so the token is never readable by others, not even for a moment.
     descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(descriptor, "w") as handle:
-        json.dump({"url": login.url, "token": login.token}, handle)
+        json.dump(asdict(login), handle)
     os.chmod(temporary, 0o600)
     os.replace(temporary, path)
     return path
@@ -45,6 +49,7 @@ def save(login: Login) -> Path:
 def load() -> Login:
     """The login: LLMGW_URL and LLMGW_TOKEN from the environment win over the saved one."""
     url, token = os.environ.get("LLMGW_URL", ""), os.environ.get("LLMGW_TOKEN", "")
+    saved = {}
     if not (url and token):
         try:
             saved = json.loads(config_file().read_text())
@@ -55,4 +60,9 @@ def load() -> Login:
         url, token = url or saved.get("url", ""), token or saved.get("token", "")
     if not url or not token:
         raise NotLoggedIn("not logged in: run `llmgw login URL` first")
-    return Login(url=url.rstrip("/"), token=token)
+    return Login(
+        url=url.rstrip("/"),
+        token=token,
+        ca_file=os.environ.get("LLMGW_CA_FILE") or saved.get("ca_file", ""),
+        allow_insecure_http=saved.get("allow_insecure_http") is True,
+    )

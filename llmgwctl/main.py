@@ -39,6 +39,12 @@ def parser() -> argparse.ArgumentParser:
     login = sub.add_parser("login", help="store the control plane's URL and an API token (from its Tokens page)")
     login.add_argument("url", help="the control plane, e.g. https://llmgw.example.org")
     login.add_argument("--token-stdin", action="store_true", help="read the token from standard input")
+    login.add_argument("--ca-file", help="the certificate authority that signs the control plane's certificate")
+    login.add_argument(
+        "--allow-insecure-http",
+        action="store_true",
+        help="allow http:// to a non-loopback host",
+    )
     login.set_defaults(run=commands.login)
 
     nodes = sub.add_parser("nodes", help="list nodes")

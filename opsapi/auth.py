@@ -55,6 +55,11 @@ class TokenAuthentication(BaseAuthentication):
         return 'Bearer realm="llmgw"'
 
 
+def may_act(token: object) -> bool:
+    """The one rule for acting at all: an operate token whose owner is still staff."""
+    return isinstance(token, ApiToken) and token.scope == Scope.OPERATE and token.user.is_staff
+
+
 class ReadOrOperate(permissions.BasePermission):
     """Any token may read; changing anything needs an `operate` token of a staff user."""
 
@@ -65,10 +70,17 @@ class ReadOrOperate(permissions.BasePermission):
             return False
         if request.method in permissions.SAFE_METHODS:
             return True
-        return request.auth.scope == Scope.OPERATE and request.user.is_staff
+        return may_act(request.auth)
+
+
+def may(request: Request, perm: str) -> bool:
+    """Whether this request could act with `perm`: through an operate token, with the owner's own right."""
+    return may_act(request.auth) and request.user.has_perm(perm)
 
 
 def require_perm(request: Request, perm: str) -> None:
-    """The user's own rights still apply behind an operate token."""
+    """Acting needs both an operate token and the owner's own right: neither widens the other."""
+    if not may_act(request.auth):
+        raise exceptions.PermissionDenied(ReadOrOperate.message)
     if not request.user.has_perm(perm):
         raise exceptions.PermissionDenied(f"{request.user.get_username()} lacks the permission {perm}")

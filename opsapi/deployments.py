@@ -17,13 +17,15 @@ def deployments() -> QuerySet:
     )
 
 
-def deployment_fields(deployment: Deployment) -> dict:
+def deployment_fields(deployment: Deployment, may_change: bool) -> dict:
+    """What the API shows of a deployment; secret arguments only to a caller who may change it."""
     replicas = list(deployment.replica_set.all())
     return {
         "name": deployment.name,
         "model_source": deployment.model_source,
         "engine": deployment.engine,
-        "arguments": deployment.arguments,
+        "arguments": deployment.arguments_for(may_change),
+        "secret_arguments": deployment.secret_arguments,
         "replicas_wanted": deployment.replicas,
         "replicas_running": sum(r.state == ReplicaState.RUNNING for r in replicas),
         "shards_per_replica": deployment.shards_per_replica,

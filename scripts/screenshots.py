@@ -35,7 +35,12 @@ PROMETHEUS_WARMUP = 65
 def seed_demo_fleet(var: Path, redis_url: str) -> None:
     """Forty nodes in every state, with GPUs, disks, engines and loads, written straight to the stack's stores."""
     os.environ.update(
-        {"LLMGW_VAR_DIR": str(var), "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "llmgw_site.settings"}
+        {
+            "LLMGW_VAR_DIR": str(var),
+            "REDIS_URL": redis_url,
+            "DJANGO_SETTINGS_MODULE": "llmgw_site.settings",
+            "DEBUG": "true",
+        }
     )
     import django
 

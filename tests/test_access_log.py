@@ -33,6 +33,7 @@ def test_the_web_server_as_the_stack_runs_it_logs_with_it(tmp_path, redis_server
     log = tmp_path / "access.log"
     env = {
         "PATH": "/usr/bin:/bin",
+        "DEBUG": "true",
         "LLMGW_VAR_DIR": str(tmp_path),
         "REDIS_URL": url,
         "LLMGW_BENCH_EMPTY_VIEW": "true",

@@ -46,7 +46,7 @@ def test_the_demo_deployment_runs_and_prometheus_scrapes_its_engines(tmp_path, r
 
     try:
         stack.manage("migrate", "--noinput", "-v0")
-        stack.manage("ensure_admin", "--password", "demo-pass-e2e", capture=True)
+        stack.manage("ensure_admin", "--password-stdin", stdin="demo-pass-e2e\n", capture=True)
         stack.start_web()
         stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())

@@ -22,7 +22,7 @@ from agent.shard_config import EngineName
 from inventory import desired, engine_wants
 from inventory.models import Deployment, Engine, Shard
 
-CONFIG = {"control_plane": "http://cp.example:8000", "join_token": "x", "engines": {}}
+CONFIG = {"control_plane": "https://cp.example:8000", "join_token": "x", "engines": {}}
 
 
 def agent_side(engine: str, model: str, port: int, args: list[str]) -> list[str]:

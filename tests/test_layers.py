@@ -15,7 +15,18 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("nodes", "opsapi", "inventory", "livestate", "agent", "llmgwctl", "llmgw_site", "lib", "devstack")
+PACKAGES = (
+    "nodes",
+    "opsapi",
+    "inventory",
+    "livestate",
+    "agent",
+    "llmgwctl",
+    "llmgw_site",
+    "lib",
+    "devstack",
+    "llmgw_transport",
+)
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 

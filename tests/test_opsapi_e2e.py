@@ -16,7 +16,6 @@ import sqlite3
 import subprocess
 import sys
 import threading
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import msgspec
@@ -59,25 +58,6 @@ class Browser:
             page, data={"name": name, "scope": scope, "lifetime_days": "7"}, headers=self.csrf(page), timeout=10
         )
         return re.search(r'id="token-secret">([^<]+)<', made.text).group(1)
-
-    def make_token_for(self, user_id: int, name: str) -> str:
-        """A read token for another user, made by staff in the admin and shown once in its message."""
-        page = f"{self.base}/admin/opsapi/apitoken/add/"
-        self.session.get(page, timeout=10)
-        expires = datetime.now(UTC) + timedelta(days=7)
-        made = self.session.post(
-            page,
-            data={
-                "user": user_id,
-                "name": name,
-                "scope": "read",
-                "expires_at_0": expires.strftime("%Y-%m-%d"),
-                "expires_at_1": expires.strftime("%H:%M:%S"),
-            },
-            headers=self.csrf(page),
-            timeout=10,
-        )
-        return re.search(r"(llmgw-ops-[0-9a-f]{16}\.[A-Za-z0-9_-]+)", made.text).group(1)
 
     def revoke_in_admin(self, pk: int) -> None:
         page = f"{self.base}/admin/opsapi/apitoken/"
@@ -130,7 +110,7 @@ def test_a_rack_is_drained_by_script_while_its_replicas_move(tmp_path, redis_ser
     fleet_thread = threading.Thread(target=lambda: loop.run_until_complete(fleet.run()), daemon=True)
     try:
         stack.manage("migrate", "--noinput", "-v0")
-        stack.manage("ensure_admin", "--password=admin-pass-e2e", capture=True)
+        stack.manage("ensure_admin", "--password-stdin", stdin="admin-pass-e2e\n", capture=True)
         stack.manage(
             "shell",
             "-c",
@@ -227,9 +207,17 @@ def test_a_rack_is_drained_by_script_while_its_replicas_move(tmp_path, redis_ser
         ]
 
         # A read token cannot act; a revoked or expired token is refused; nobody reads another's tokens.
-        # (The viewer cannot sign in to the admin's login page, so staff make their tokens in the admin.)
+        # (The viewer cannot sign in to the admin's login page, and staff may not make a token for
+        # someone else and see it, so the viewer's is made as the Tokens page makes it, in a shell.)
         ((viewer_id,),) = sql("SELECT id FROM auth_user WHERE username = 'viewer'")
-        read = admin.make_token_for(viewer_id, "viewers-own-laptop")
+        read = stack.manage(
+            "shell",
+            "-c",
+            "from django.contrib.auth.models import User; from opsapi.forms import NewTokenForm; "
+            "form = NewTokenForm({'name': 'viewers-own-laptop', 'scope': 'read', 'lifetime_days': 7}, "
+            "user=User.objects.get(username='viewer')); form.is_valid(); print(form.make()[1])",
+            capture=True,
+        ).stdout.split()[-1]
         as_viewer = {**cli_env, "LLMGW_URL": base, "LLMGW_TOKEN": read}
         refused = subprocess.run(
             [sys.executable, "-m", "llmgwctl", "cordon", r12[0], "--reason", "x"],

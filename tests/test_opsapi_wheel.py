@@ -43,7 +43,7 @@ def test_the_wheels_pins_are_requirements_txts():
 def wheel(tmp_path_factory) -> Path:
     source = tmp_path_factory.mktemp("source")
     shutil.copy(ROOT / "pyproject.toml", source)
-    for package in ("agent", "llmgwctl"):
+    for package in ("agent", "llmgwctl", "llmgw_transport"):
         shutil.copytree(ROOT / package, source / package, ignore=shutil.ignore_patterns("__pycache__"))
     dist = tmp_path_factory.mktemp("dist")
     subprocess.run(
@@ -56,7 +56,11 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_holds_the_agent_and_the_cli_only(wheel):
     names = zipfile.ZipFile(wheel).namelist()
-    assert {name.split("/")[0] for name in names if not name.startswith("llmgw-")} == {"agent", "llmgwctl"}
+    assert {name.split("/")[0] for name in names if not name.startswith("llmgw-")} == {
+        "agent",
+        "llmgwctl",
+        "llmgw_transport",
+    }
     metadata = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("METADATA"))).decode()
     requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
     assert not [line for line in requires if "django" in line.lower()]

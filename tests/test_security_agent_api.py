@@ -8,9 +8,7 @@ through the real views.
 
 from __future__ import annotations
 
-import ast
 import hmac
-from pathlib import Path
 
 import pytest
 import time_machine
@@ -24,7 +22,6 @@ from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, post, register, reply_
 from tests.factories import make_inventory
 
 pytestmark = pytest.mark.django_db
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -142,26 +139,6 @@ def test_every_secret_is_compared_in_constant_time(client, tokens, monkeypatch):
     assert len(calls) >= 2, "node tokens were not compared with hmac.compare_digest"
     # Digests, not the secrets themselves: equal length whatever was sent.
     assert {len(a) for a, b in calls} == {len(b) for a, b in calls} == {64}
-
-
-def test_no_secret_is_compared_with_equality_anywhere_in_the_code():
-    """A == on a token, secret or digest would leak its prefix through timing."""
-    suspicious = ("token", "secret", "digest", "password")
-    found = []
-    for path in [
-        *ROOT.glob("nodes/**/*.py"),
-        *ROOT.glob("inventory/**/*.py"),
-        *ROOT.glob("livestate/**/*.py"),
-        *ROOT.glob("llmgw_site/*.py"),
-        *ROOT.glob("lib/*.py"),
-    ]:
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare) and any(isinstance(op, ast.Eq | ast.NotEq) for op in node.ops):
-                names = [ast.unparse(part).lower() for part in (node.left, *node.comparators)]
-                constants = [isinstance(part, ast.Constant) for part in (node.left, *node.comparators)]
-                if any(word in name for name in names for word in suspicious) and not any(constants):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
-    assert found == []
 
 
 @pytest.fixture

@@ -88,6 +88,7 @@ def test_the_real_web_server_reads_a_chunked_heartbeat_and_answers_head(tmp_path
     url = redis_server if isinstance(redis_server, str) else redis_server.url
     env = {
         "PATH": "/usr/bin:/bin",
+        "DEBUG": "true",
         "LLMGW_VAR_DIR": str(tmp_path),
         "REDIS_URL": url,
         "LLMGW_JOIN_TOKEN": JOIN_TOKEN,

@@ -106,7 +106,7 @@ def test_the_agent_refuses_a_newline_in_its_own_ids():
 
 
 def test_the_agent_refuses_a_newline_in_an_environment_variable_name():
-    base = {"control_plane": "http://cp.example:8000", "join_token": "j"}
+    base = {"control_plane": "https://cp.example:8000", "join_token": "j"}
     agent_config.from_mapping({**base, "env": {"HF_HOME": "/models"}})
     with pytest.raises(agent_config.ConfigError, match="environment variable name"):
         agent_config.from_mapping({**base, "env": {"HF_HOME\n": "/models"}})

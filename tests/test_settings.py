@@ -59,10 +59,11 @@ def test_secret_file_that_cannot_be_read_is_named(monkeypatch, tmp_path):
 
 
 def manage(*args: str, **env: str) -> subprocess.CompletedProcess:
+    """manage.py with the site's own settings (not the tests'), as an operator's shell runs it."""
     clean = {k: v for k, v in os.environ.items() if k not in {"DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL"}}
     return subprocess.run(
         [sys.executable, str(ROOT / "manage.py"), *args],
-        env={**clean, **env},
+        env={**clean, "DJANGO_SETTINGS_MODULE": "llmgw_site.settings", **env},
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -128,3 +129,15 @@ def test_env_example_lists_every_variable_settings_read():
     assert "DATABASE_URL" in read
     listed = set(re.findall(r"^#?\s*([A-Z_]+)=", (ROOT / ".env.example").read_text(), re.MULTILINE))
     assert read - listed == set()
+
+
+def test_with_debug_unset_the_settings_are_production_ones(tmp_path):
+    """Issue 22, item 11: a forgotten DEBUG must not serve tracebacks; development asks for it by name."""
+    refused = manage("check", LLMGW_VAR_DIR=str(tmp_path))
+    assert refused.returncode != 0
+    assert "SECRET_KEY is required when DEBUG is false" in refused.stderr
+    code = "from django.conf import settings as s; print(s.DEBUG, s.SESSION_COOKIE_SECURE, s.LLMGW_REQUIRE_HTTPS)"
+    shown = manage(
+        "shell", "-c", code, SECRET_KEY="k" * 60, ALLOWED_HOSTS="llmgw.example.com", LLMGW_VAR_DIR=str(tmp_path)
+    )
+    assert shown.stdout.split()[-3:] == ["False", "True", "True"], shown.stderr

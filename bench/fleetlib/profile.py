@@ -89,6 +89,7 @@ def main() -> int:
     redis = RedisServer(var / "redis").start()
     os.environ.update(
         DJANGO_SETTINGS_MODULE="llmgw_site.settings",
+        DEBUG="true",
         LLMGW_VAR_DIR=str(var),
         DATABASE_URL=args.database_url or f"sqlite:///{var / 'db.sqlite3'}",
         REDIS_URL=redis.url,

@@ -64,6 +64,10 @@ REPLICA_COLOURS = {
 }
 
 
+# Shown in place of secret arguments, so that the reader knows something is there.
+SECRET_ARGUMENTS = "(secret: shown only to those who may change this deployment)"
+
+
 class Deployment(models.Model):
     """A model to serve: where its weights are, which engine, how many replicas, and the profile."""
 
@@ -77,6 +81,12 @@ class Deployment(models.Model):
         blank=True,
         help_text="Extra engine arguments, split like a shell would. For 'command', the whole command line; "
         "{port} and {model} are replaced.",
+    )
+    secret_arguments = models.BooleanField(
+        "arguments are secret",
+        default=False,
+        help_text="They hold a secret (an API key): the arguments, and the engine environment made of them, are "
+        "shown only to those who may change this deployment.",
     )
     replicas = models.PositiveIntegerField("replicas wanted", default=1, validators=[MaxValueValidator(10_000)])
 
@@ -130,6 +140,13 @@ class Deployment(models.Model):
 
     def argv(self) -> list[str]:
         return shlex.split(self.arguments)
+
+    def hides_arguments_from(self, may_change: bool) -> bool:
+        """The one rule for every view (API, admin): secret arguments only for one who may change them."""
+        return self.secret_arguments and not may_change
+
+    def arguments_for(self, may_change: bool) -> str:
+        return SECRET_ARGUMENTS if self.hides_arguments_from(may_change) else self.arguments
 
     @property
     def model_is_path(self) -> bool:

@@ -21,7 +21,9 @@ What Django would still have done for the heartbeat is done here:
 - the security middleware's headers are added. Where it would redirect a
   plain-HTTP request to HTTPS (not by default: `SECURE_REDIRECT_EXEMPT` names
   the agent API), the request goes to Django, which does;
-- a refusal gets its access log line (lib/access_log.py).
+- a refusal gets its access log line (lib/access_log.py);
+- the `Host` check and the refusal of a credential over plain HTTP are
+  nodes/entry.py's, as for every other request.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from django.urls import reverse
 from lib import access_log
 from nodes.api.rejections import Answer, bounded_reader
 from nodes.api.views import answer_heartbeat
+from nodes.entry import entry_refusal
 from nodes.ratelimit import address_of
 
 log = logging.getLogger("django.request")
@@ -115,7 +118,7 @@ class HeartbeatFastPath:
         if settings.DEBUG:
             reset_queries()
         try:
-            answer = answer_heartbeat(environ, bounded_reader(environ))
+            answer = entry_refusal(environ, secure) or answer_heartbeat(environ, bounded_reader(environ))
         except Exception:
             log.exception("Internal Server Error: %s", environ.get("PATH_INFO"))
             answer = INTERNAL_ERROR

@@ -15,7 +15,7 @@ class DeploymentInput(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ("name", "model_source", "engine", "arguments", "replicas", *PROFILE_FIELDS)
+        fields = ("name", "model_source", "engine", "arguments", "secret_arguments", "replicas", *PROFILE_FIELDS)
 
 
 class ScaleInput(serializers.Serializer):
@@ -52,7 +52,8 @@ class DeploymentSerializer(serializers.Serializer):
     name = serializers.CharField()
     model_source = serializers.CharField()
     engine = serializers.ChoiceField(choices=Engine.choices)
-    arguments = serializers.CharField()
+    arguments = serializers.CharField(help_text="Secret arguments are shown only to a caller who may change them.")
+    secret_arguments = serializers.BooleanField()
     replicas_wanted = serializers.IntegerField()
     replicas_running = serializers.IntegerField()
     shards_per_replica = serializers.IntegerField()

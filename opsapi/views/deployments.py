@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from inventory.models import Deployment
 from opsapi.audit import log_action
-from opsapi.auth import require_perm
+from opsapi.auth import may, require_perm
 from opsapi.deployments import deployment_fields, deployments
 from opsapi.errors import ErrorSerializer
 from opsapi.serializers.common import PageParams, paging
@@ -35,8 +35,12 @@ def one(name: str) -> Deployment:
     return found
 
 
-def answer(name: str, status: int = 200) -> Response:
-    return Response(DeploymentSerializer(deployment_fields(one(name))).data, status=status)
+CHANGE_DEPLOYMENT = "inventory.change_deployment"
+
+
+def answer(request: Request, name: str, status: int = 200) -> Response:
+    fields = deployment_fields(one(name), may(request, CHANGE_DEPLOYMENT))
+    return Response(DeploymentSerializer(fields).data, status=status)
 
 
 class DeploymentList(OpsView):
@@ -51,7 +55,8 @@ class DeploymentList(OpsView):
         page, size = asked["page"], asked["page_size"]
         every = deployments()
         count = every.count()
-        rows = [deployment_fields(d) for d in every[(page - 1) * size : page * size]]
+        may_change = may(request, CHANGE_DEPLOYMENT)
+        rows = [deployment_fields(d, may_change) for d in every[(page - 1) * size : page * size]]
         return Response(DeploymentListSerializer({**paging(count, page, size), "results": rows}).data)
 
     @extend_schema(
@@ -70,7 +75,7 @@ class DeploymentList(OpsView):
         with transaction.atomic():
             deployment.save()
             log_action(request.auth, deployment, ADDITION, f"created with {deployment.replicas} replicas")
-        return answer(deployment.name, status=201)
+        return answer(request, deployment.name, status=201)
 
 
 class DeploymentDetail(OpsView):
@@ -81,7 +86,7 @@ class DeploymentDetail(OpsView):
         summary="One deployment",
     )
     def get(self, request: Request, name: str) -> Response:
-        return answer(name)
+        return answer(request, name)
 
     @extend_schema(
         operation_id="deployments_scale",
@@ -91,7 +96,7 @@ class DeploymentDetail(OpsView):
         summary="Scale: change the number of replicas wanted",
     )
     def patch(self, request: Request, name: str) -> Response:
-        require_perm(request, "inventory.change_deployment")
+        require_perm(request, CHANGE_DEPLOYMENT)
         wanted = body(ScaleInput, request)["replicas"]
         deployment = one(name)
         with transaction.atomic():
@@ -99,7 +104,7 @@ class DeploymentDetail(OpsView):
             deployment.replicas = wanted
             deployment.save(update_fields=["replicas"])
             log_action(request.auth, deployment, CHANGE, f"scaled from {old} to {wanted} replicas")
-        return answer(name)
+        return answer(request, name)
 
     @extend_schema(
         operation_id="deployments_destroy",

@@ -11,7 +11,7 @@ import pytest
 from agent import config as agent_config
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = "control_plane: http://cp.example:8000\njoin_token: join-secret\n"
+BASE = "control_plane: https://cp.example:8000\njoin_token: join-secret\n"
 
 
 def load_text(tmp_path: Path, text: str) -> agent_config.Config:
@@ -22,11 +22,17 @@ def load_text(tmp_path: Path, text: str) -> agent_config.Config:
 
 # One case per key: the YAML that sets it and what the loaded config must then say.
 KEY_CASES = {
-    "control_plane": (BASE, lambda c, tmp: c.control_plane == "http://cp.example:8000"),
+    "control_plane": (BASE, lambda c, tmp: c.control_plane == "https://cp.example:8000"),
+    "allow_insecure_http": (
+        "control_plane: http://cp.example:8000\njoin_token: j\nallow_insecure_http: true\n",
+        lambda c, tmp: c.allow_insecure_http and c.control_plane == "http://cp.example:8000",
+    ),
+    # Any file will do for loading; tests/agent/test_transport.py verifies a certificate with a real one.
+    "ca_file": (BASE + "ca_file: {tmp}/join\n", lambda c, tmp: c.ca_file == f"{tmp}/join"),
     "node_id": (BASE + "node_id: gpu-07.rack-3\n", lambda c, tmp: c.node_id == "gpu-07.rack-3"),
     "join_token": (BASE, lambda c, tmp: c.read_join_token() == "join-secret"),
     "join_token_file": (
-        "control_plane: http://cp.example:8000\njoin_token_file: {tmp}/join\n",
+        "control_plane: https://cp.example:8000\njoin_token_file: {tmp}/join\n",
         lambda c, tmp: c.read_join_token() == "from-the-file",
     ),
     "state_dir": (BASE + "state_dir: {tmp}/state\n", lambda c, tmp: c.state_dir == f"{tmp}/state"),
@@ -192,9 +198,9 @@ def test_bad_values_name_the_key(tmp_path, extra, message):
     ("text", "message"),
     [
         ("join_token: x\n", "control_plane: required"),
-        ("control_plane: http://cp:8000\n", "join_token: required"),
-        ("control_plane: ftp://cp\njoin_token: x\n", "control_plane: expected an http:// or https:// URL"),
-        ("control_plane: http://cp:8000\njoin_token_file: /nonexistent/token\n", "join_token_file: no such file"),
+        ("control_plane: https://cp:8000\n", "join_token: required"),
+        ("control_plane: ftp://cp\njoin_token: x\n", "control_plane: expected an https:// URL"),
+        ("control_plane: https://cp:8000\njoin_token_file: /nonexistent/token\n", "join_token_file: no such file"),
         ("- a\n- b\n", "must be a mapping"),
         ("control_plane: [unclosed\n", "not valid YAML at line"),
     ],

@@ -63,7 +63,7 @@ def test_make_run_serves_gemma_on_llama_cpp_and_the_node_page_shows_it_working(t
 
     try:
         stack.manage("migrate", "--noinput", "-v0")
-        stack.manage("ensure_admin", f"--password={PASSWORD}", capture=True)
+        stack.manage("ensure_admin", "--password-stdin", stdin=f"{PASSWORD}\n", capture=True)
         stack.start_web()
         stack.start(stack.celery_part())
         stack.manage("setup_demo", "--var-dir", str(tmp_path), "--control-plane", base, capture=True)

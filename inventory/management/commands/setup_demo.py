@@ -55,6 +55,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("--var-dir", default=str(settings.VAR_DIR))
         parser.add_argument("--control-plane", default="http://127.0.0.1:8000")
+        parser.add_argument("--ca-file", default="", help="the CA the agent trusts for an https:// control plane")
         parser.add_argument(
             "--gemma",
             action=argparse.BooleanOptionalAction,
@@ -62,14 +63,15 @@ class Command(BaseCommand):
             help="also deploy Gemma 3 270M on llama.cpp (--no-gemma: the stand-in engine only)",
         )
 
-    def handle(self, *args, var_dir, control_plane, gemma, **options):
+    def handle(self, *args, var_dir, control_plane, ca_file, gemma, **options):
         var = Path(var_dir)
         models = var.resolve() / MODEL_DIR
         config = var / "agent.yaml"
         if not config.exists():
             config.write_text(
                 f"control_plane: {control_plane}\n"
-                f"join_token_file: {var / 'join-token'}\n"
+                + (f"ca_file: {ca_file}\n" if ca_file else "")
+                + f"join_token_file: {var / 'join-token'}\n"
                 f"state_dir: {var / 'agent-state'}\n"
                 "interval: 5\n"
                 "labels:\n  role: demo\n"
