@@ -343,7 +343,7 @@ def with_tail(head: str, log: Path) -> str:
     kept: list[str] = []
     room = protocol.MAX_DETAIL - len(head) - 1
     for line in reversed([line for line in lines if line.strip()]):
-        line = line[:200]
+        line = protocol.clip(line, 200)
         if len(line) + 1 > room:
             break
         kept.insert(0, line)

@@ -5,7 +5,13 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from agent.protocol import MAX_ID, MAX_TEXT
 from inventory.models.choices import AdminState, Liveness, NodeState, derive_state, state_q
+
+# The columns that hold what an agent reports take their lengths from the protocol's
+# bounds (agent/protocol.py), here and in every inventory model: a report the
+# protocol accepts always fits (issue 22: a 256-character `arch` in a 64-character
+# column answered 500 on PostgreSQL).
 
 # The node fields its agent owns: every inventory report replaces them, so the
 # admin shows them read-only and registration writes exactly these. Operator
@@ -51,9 +57,9 @@ class Node(models.Model):
     whenever it reports a new inventory.
     """
 
-    id = models.CharField(primary_key=True, max_length=128)
-    hostname = models.CharField(max_length=256, blank=True)
-    mgmt_addr = models.CharField("management address", max_length=256, blank=True)
+    id = models.CharField(primary_key=True, max_length=MAX_ID)
+    hostname = models.CharField(max_length=MAX_TEXT, blank=True)
+    mgmt_addr = models.CharField("management address", max_length=MAX_TEXT, blank=True)
     # Labels from the agent's config; replaced on every inventory report.
     labels = models.JSONField(default=dict, blank=True)
     # Labels set by operators in the admin; they win over the agent's on a clash.
@@ -62,26 +68,26 @@ class Node(models.Model):
     # Null: the agent has not said. Treated as no constraint, never as zero.
     memory_total_bytes = models.BigIntegerField(null=True, blank=True)
 
-    os = models.CharField(max_length=256, blank=True)
-    os_version = models.CharField(max_length=256, blank=True)
-    kernel = models.CharField(max_length=256, blank=True)
-    arch = models.CharField(max_length=64, blank=True)
-    cpu_model = models.CharField(max_length=256, blank=True)
+    os = models.CharField(max_length=MAX_TEXT, blank=True)
+    os_version = models.CharField(max_length=MAX_TEXT, blank=True)
+    kernel = models.CharField(max_length=MAX_TEXT, blank=True)
+    arch = models.CharField(max_length=MAX_TEXT, blank=True)
+    cpu_model = models.CharField(max_length=MAX_TEXT, blank=True)
     cpus = models.PositiveIntegerField(default=0)
 
-    agent_version = models.CharField(max_length=256, blank=True)
+    agent_version = models.CharField(max_length=MAX_TEXT, blank=True)
     engine_versions = models.JSONField(default=dict, blank=True)
     # Says engine_versions is an answer: an empty map then means "has none".
     engines_probed = models.BooleanField(default=False)
     # Says the weights are an answer: the agent had model directories to look in.
     weights_scanned = models.BooleanField(default=False)
-    inventory_hash = models.CharField(max_length=256, blank=True)
+    inventory_hash = models.CharField(max_length=MAX_TEXT, blank=True)
     # The client address the node's latest registration or inventory came from: what the
     # control plane itself saw, unlike mgmt_addr, which the agent claims (nodes/targets.py).
     source_addr = models.GenericIPAddressField("source address", null=True, blank=True)
     # Which heartbeat the stored inventory came from: the agent run's boot id and its
     # number in that run ("" and 0: said nothing), so an older one is refused.
-    inventory_boot_id = models.CharField(max_length=128, blank=True)
+    inventory_boot_id = models.CharField(max_length=MAX_ID, blank=True)
     inventory_seq = models.PositiveBigIntegerField(default=0)
 
     admin_state = models.CharField(max_length=16, choices=AdminState.choices, default=AdminState.ACTIVE)
@@ -173,9 +179,9 @@ class EngineInstall(models.Model):
         UNSUPPORTED = "unsupported"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="engine_installs")
-    engine = models.CharField(max_length=256)
-    version = models.CharField(max_length=256, blank=True)
-    variant = models.CharField(max_length=256, blank=True)
+    engine = models.CharField(max_length=MAX_TEXT)
+    version = models.CharField(max_length=MAX_TEXT, blank=True)
+    variant = models.CharField(max_length=MAX_TEXT, blank=True)
     state = models.CharField(max_length=16, choices=State.choices)
     detail = models.TextField(blank=True)
 
