@@ -572,9 +572,9 @@ class ShardInline(ReadOnlyInline):
 
     @admin.display(description="endpoint (OpenAI API)")
     def endpoint(self, shard):
-        if shard.node is None or shard.state not in RUN_STATES:
+        address = shard.node.address if shard.node is not None else None
+        if address is None or shard.state not in RUN_STATES:
             return "—"
-        address = endpoints.node_address(shard.node.mgmt_addr, shard.node.hostname, shard.node_id)
         return format_html("<code>{}</code>", endpoints.endpoint(address, shard.port))
 
 

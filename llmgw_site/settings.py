@@ -53,8 +53,8 @@ try:
     # per address before either is locked out for the cool-off.
     LLMGW_LOGIN_FAILURE_LIMIT = env_int("LLMGW_LOGIN_FAILURE_LIMIT", 5, minimum=1)
     LLMGW_LOGIN_COOLOFF_MINUTES = env_float("LLMGW_LOGIN_COOLOFF_MINUTES", 15.0, minimum=0.1)
-    # Networks whose addresses an agent may name as its management address for
-    # Prometheus to scrape (nodes/targets.py); empty: only the address it beats from.
+    # Networks whose addresses an agent may name as its management address, trusted as the
+    # node's address (inventory/endpoints.py); empty: only the address it registers from.
     LLMGW_TRUSTED_TARGET_NETWORKS = env_networks("LLMGW_TRUSTED_TARGET_NETWORKS")
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None

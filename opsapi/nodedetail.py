@@ -115,6 +115,7 @@ def node_detail(node: Node, now: float) -> dict:
         "id": node.pk,
         "hostname": node.hostname,
         "mgmt_addr": node.mgmt_addr,
+        "address": node.address,
         "state": node.state,
         "admin_state": node.admin_state,
         "admin_state_by": node.admin_state_by,

@@ -6,6 +6,7 @@ from django.db import models
 from django.utils import timezone
 
 from agent.protocol import MAX_ID, MAX_TEXT
+from inventory.endpoints import trusted_address
 from inventory.models.choices import AdminState, Liveness, NodeState, derive_state, state_q
 
 # The columns that hold what an agent reports take their lengths from the protocol's
@@ -115,6 +116,11 @@ class Node(models.Model):
     @property
     def state(self) -> NodeState:
         return derive_state(self.admin_state, self.liveness)
+
+    @property
+    def address(self) -> str | None:
+        """Where others reach this node: its trusted address, never its mere claim (inventory/endpoints.py)."""
+        return trusted_address(self.mgmt_addr, self.source_addr)
 
     @property
     def all_labels(self) -> dict[str, str]:

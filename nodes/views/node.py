@@ -291,7 +291,7 @@ def live_context(node: Node, now: float) -> dict:
         reading.load,
         facts,
         installs,
-        endpoints.node_address(node.mgmt_addr, node.hostname, node.pk),
+        node.address or "",
     )
     mark_engine_metrics(node.pk, engines, facts, now)
     return {

@@ -140,7 +140,12 @@ class DrainSerializer(serializers.Serializer):
 class NodeDetailSerializer(serializers.Serializer):
     id = serializers.CharField()
     hostname = serializers.CharField()
-    mgmt_addr = serializers.CharField()
+    mgmt_addr = serializers.CharField(help_text="The management address its agent claims: shown, never connected to.")
+    address = serializers.CharField(
+        allow_null=True,
+        help_text="Where the control plane and the node's peers reach it: the address its registrations came from, "
+        "or its claimed one inside LLMGW_TRUSTED_TARGET_NETWORKS; null when neither.",
+    )
     state = serializers.ChoiceField(choices=NodeState.choices)
     admin_state = serializers.ChoiceField(choices=AdminState.choices)
     admin_state_by = serializers.CharField()
