@@ -428,7 +428,7 @@ class GPUAdmin(admin.ModelAdmin):
 
 @admin.register(NodeEvent)
 class NodeEventAdmin(admin.ModelAdmin):
-    list_display = ("at", "node", "kind", "from_state", "to_state", "reason", "actor")
+    list_display = ("at", "node", "kind", "from_state", "to_state", "reason", "actor", "repeats", "last_at")
     list_filter = ("kind",)
     search_fields = ("node__id", "reason", "actor")
     list_select_related = ("node",)

@@ -55,6 +55,8 @@ def event_fields(event: NodeEvent) -> dict:
         "to_state": event.to_state,
         "reason": event.reason,
         "actor": event.actor,
+        "repeats": event.repeats,
+        "last_at": event.last_at,
     }
 
 

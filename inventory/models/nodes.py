@@ -167,6 +167,14 @@ class NodeEvent(models.Model):
     to_state = models.CharField(max_length=16, blank=True)
     reason = models.TextField(blank=True)
     actor = models.CharField(max_length=150, blank=True)
+    # What within its kind the event is about (an install's engine and variant, an engine's shard),
+    # for folding repeats into one event (inventory/events.py). Defaults in the database too, like
+    # `repeats`: the sweep writes liveness events with its own INSERT (inventory/liveness.py).
+    subject = models.CharField(max_length=2 * MAX_TEXT + 1, blank=True, db_default="")
+    # How many times it happened, and when it last did (null: once, at `at`): the same change of the
+    # same subject again within LLMGW_EVENT_COALESCE_SECONDS counts here instead of adding a row.
+    repeats = models.PositiveIntegerField(default=1, db_default=1)
+    last_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-at", "-id"]

@@ -229,6 +229,9 @@ def event_text(event: NodeEvent) -> str:
         text += f" · “{event.reason}”"
     if event.actor:
         text += f" — {event.actor}"
+    if event.repeats > 1:
+        # Repeats folded into this event (inventory/events.py): the reason shown is the latest.
+        text += f" · {event.repeats} times, last at {event.last_at:%Y-%m-%d %H:%M:%S} UTC"
     return text
 
 
