@@ -7,8 +7,8 @@ Events an agent's reports cause (an install moving, an engine failing or
 restarting) are as frequent as the agent makes them: ten flapping inventories
 wrote 320 events (issue 22). So a repeat (the same change of the same subject:
 kind, subject, from and to state) within LLMGW_EVENT_COALESCE_SECONDS of its
-last occurrence counts on that event (`repeats`, `last_at`, the latest reason)
-instead of adding a row: a flapping install is two events however often it
+last occurrence counts on that event (`repeats`, `last_at`) instead of adding a
+row: a flapping install is two events however often it
 flaps, while an install that goes installing, then ready, keeps both steps.
 Every event older than LLMGW_EVENT_RETENTION_DAYS is deleted by beat (`prune`).
 """
@@ -20,7 +20,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q, QuerySet
+from django.db.models import F, Q, QuerySet
 
 from inventory.models import NodeEvent
 
@@ -42,8 +42,9 @@ def record_folding_repeats(node_id: str, events: list[NodeEvent]) -> None:
 
     The same change: kind, subject, from and to state. Recent: it last happened within
     LLMGW_EVENT_COALESCE_SECONDS of the new one. Folding counts one more repeat and moves
-    `last_at` and `reason` to the new one's; `at` stays the first's. At most three queries
-    whatever the number of events or repeats.
+    `last_at` to the newest of `events`; `at` and `reason` stay the first's. One read, one
+    UPDATE (with `F`, not a row-by-row CASE: a bulk_update of 32 events cost more than the
+    rest of the inventory) and one INSERT, whatever the number of events or repeats.
     """
     window = timedelta(seconds=settings.LLMGW_EVENT_COALESCE_SECONDS)
     if not events or not window:
@@ -55,19 +56,23 @@ def record_folding_repeats(node_id: str, events: list[NodeEvent]) -> None:
     )
     # Ascending, so that the latest of each change is the one kept.
     latest = {_change(event): event for event in recent.order_by("at", "id")}
-    new, folded = [], {}
+    newest = max(event.at for event in events)
+    new: list[NodeEvent] = []
+    # Stored events folded into, by how many repeats each gains (one, but for a change listed twice).
+    gained: dict[int, int] = {}
     for event in sorted(events, key=lambda event: event.at):
         last = latest.get(_change(event))
         if last is None or event.at - (last.last_at or last.at) > window:
             new.append(event)
             latest[_change(event)] = event
-            continue
-        last.repeats += 1
-        last.last_at, last.reason = event.at, event.reason
-        if last.pk is not None:
-            folded[last.pk] = last
+        elif last.pk is None:
+            last.repeats, last.last_at = last.repeats + 1, event.at
+        else:
+            gained[last.pk] = gained.get(last.pk, 0) + 1
     with transaction.atomic():
-        NodeEvent.objects.bulk_update(folded.values(), ["repeats", "last_at", "reason"])
+        for count in set(gained.values()):
+            ids = [pk for pk, n in gained.items() if n == count]
+            NodeEvent.objects.filter(pk__in=ids).update(repeats=F("repeats") + count, last_at=newest)
         NodeEvent.objects.bulk_create(new)
 
 

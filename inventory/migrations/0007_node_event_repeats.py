@@ -4,25 +4,24 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('inventory', '0006_agent_lengths_from_protocol'),
+        ("inventory", "0006_agent_lengths_from_protocol"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='nodeevent',
-            name='last_at',
+            model_name="nodeevent",
+            name="last_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
         migrations.AddField(
-            model_name='nodeevent',
-            name='repeats',
+            model_name="nodeevent",
+            name="repeats",
             field=models.PositiveIntegerField(db_default=1, default=1),
         ),
         migrations.AddField(
-            model_name='nodeevent',
-            name='subject',
-            field=models.CharField(blank=True, db_default='', max_length=513),
+            model_name="nodeevent",
+            name="subject",
+            field=models.CharField(blank=True, db_default="", max_length=513),
         ),
     ]

@@ -172,7 +172,8 @@ class NodeEvent(models.Model):
     # `repeats`: the sweep writes liveness events with its own INSERT (inventory/liveness.py).
     subject = models.CharField(max_length=2 * MAX_TEXT + 1, blank=True, db_default="")
     # How many times it happened, and when it last did (null: once, at `at`): the same change of the
-    # same subject again within LLMGW_EVENT_COALESCE_SECONDS counts here instead of adding a row.
+    # same subject again within LLMGW_EVENT_COALESCE_SECONDS counts here instead of adding a row;
+    # the reason is the first occurrence's.
     repeats = models.PositiveIntegerField(default=1, db_default=1)
     last_at = models.DateTimeField(null=True, blank=True)
 

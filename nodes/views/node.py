@@ -230,7 +230,7 @@ def event_text(event: NodeEvent) -> str:
     if event.actor:
         text += f" — {event.actor}"
     if event.repeats > 1:
-        # Repeats folded into this event (inventory/events.py): the reason shown is the latest.
+        # Repeats folded into this event (inventory/events.py); the reason is the first's.
         text += f" · {event.repeats} times, last at {event.last_at:%Y-%m-%d %H:%M:%S} UTC"
     return text
 

@@ -128,7 +128,7 @@ class EventSerializer(serializers.Serializer):
     actor = serializers.CharField()
     repeats = serializers.IntegerField(
         help_text="How many times it happened: the same change again within LLMGW_EVENT_COALESCE_SECONDS "
-        "counts here (and moves last_at and reason) instead of making a new event."
+        "counts here (and moves last_at; the reason stays the first's) instead of making a new event."
     )
     last_at = serializers.DateTimeField(allow_null=True, help_text="When it last happened; null: once, at `at`.")
 
