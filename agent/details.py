@@ -20,7 +20,7 @@ def with_last_lines(head: str, lines: Sequence[str]) -> str:
     kept: list[str] = []
     room = protocol.MAX_DETAIL - len(head) - 1
     for line in reversed(lines):
-        line = line[:LINE_CHARS]
+        line = protocol.clip(line, LINE_CHARS)
         if len(line) + 1 > room:
             break
         kept.insert(0, line)

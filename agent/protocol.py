@@ -288,6 +288,12 @@ class Rejection(Struct, omit_defaults=False):
     reason: str
 
 
+def clip(text: str, limit: int = MAX_TEXT) -> str:
+    """Foreign text (a program's output, a log) made fit for a string field: at most `limit` long, and
+    without NUL, which the control plane refuses in any string (PostgreSQL cannot store it)."""
+    return text.replace("\x00", "")[:limit]
+
+
 encoder = msgspec.json.Encoder()
 
 

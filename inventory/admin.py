@@ -428,7 +428,7 @@ class GPUAdmin(admin.ModelAdmin):
 
 @admin.register(NodeEvent)
 class NodeEventAdmin(admin.ModelAdmin):
-    list_display = ("at", "node", "kind", "from_state", "to_state", "reason", "actor")
+    list_display = ("at", "node", "kind", "from_state", "to_state", "reason", "actor", "repeats", "last_at")
     list_filter = ("kind",)
     search_fields = ("node__id", "reason", "actor")
     list_select_related = ("node",)
@@ -586,9 +586,9 @@ class ShardInline(ReadOnlyInline):
 
     @admin.display(description="endpoint (OpenAI API)")
     def endpoint(self, shard):
-        if shard.node is None or shard.state not in RUN_STATES:
+        address = shard.node.address if shard.node is not None else None
+        if address is None or shard.state not in RUN_STATES:
             return "—"
-        address = endpoints.node_address(shard.node.mgmt_addr, shard.node.hostname, shard.node_id)
         return format_html("<code>{}</code>", endpoints.endpoint(address, shard.port))
 
 

@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from agent import enginekinds, protocol
-from inventory import engine_wants
+from inventory import endpoints, engine_wants
 from inventory.models import RUN_STATES, Deployment, ReplicaState, Shard
 from inventory.replicas import apply_reports, read_reports
 from livestate import shardlists
@@ -100,13 +100,21 @@ def _store_cache(node_id: str, version: tuple[int, int], shards: list[Shard], re
 
 
 def _leaders(replicas) -> dict[int, str]:
-    """The address of shard 0 of each multi-node replica: where the others join it."""
+    """Where the other shards of each multi-node replica join it: shard 0's node's trusted address and port.
+
+    A replica whose shard 0 has no trusted address has no leader (inventory/endpoints.py): its
+    other shards are never told to connect where that node merely claims to be.
+    """
     if not replicas:
         return {}
     rows = Shard.objects.filter(replica__in=replicas, index=0).values_list(
-        "replica_id", "node__mgmt_addr", "node__hostname", "node_id", "port"
+        "replica_id", "node__mgmt_addr", "node__source_addr", "port"
     )
-    return {replica: f"{addr or host or node}:{port}" for replica, addr, host, node, port in rows}
+    leaders = {}
+    for replica, claimed, source, port in rows:
+        if (host := endpoints.trusted_address(claimed, source)) is not None:
+            leaders[replica] = f"{host}:{port}"
+    return leaders
 
 
 def shard_spec(shard: Shard, leader: str = "") -> protocol.ShardSpec:

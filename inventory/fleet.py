@@ -80,7 +80,6 @@ class NodeView:
 
     id: str
     state: NodeState
-    address: str = ""
     memory_total_gb: float | None = None
     memory_claimed_gb: int = 0
     cpus: int = 0
@@ -201,13 +200,12 @@ def load_fleet(weights_paths: Iterable[str] = ()) -> Fleet:
         node_id: NodeView(
             id=node_id,
             state=derive_state(admin_state, liveness),
-            address=mgmt_addr or hostname or node_id,
             memory_total_gb=memory / 2**30 if memory else None,
             cpus=cpus,
             weights_scanned=scanned,
         )
-        for node_id, admin_state, liveness, mgmt_addr, hostname, memory, cpus, scanned in Node.objects.values_list(
-            "id", "admin_state", "liveness", "mgmt_addr", "hostname", "memory_total_bytes", "cpus", "weights_scanned"
+        for node_id, admin_state, liveness, memory, cpus, scanned in Node.objects.values_list(
+            "id", "admin_state", "liveness", "memory_total_bytes", "cpus", "weights_scanned"
         ).order_by()
     }
     gpus = GPU.objects.with_free().values_list("node_id", "index", "gpu_class", "is_free").order_by("node_id", "index")

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent import protocol
+from inventory.events import record_folding_repeats
 from inventory.models import (
     AGENT_FIELDS,
     GPU,
@@ -171,7 +172,7 @@ def _replace_hardware(node: Node, inventory: protocol.Inventory) -> list[int]:
 
 
 def _record_install_changes(node: Node, reported: list[protocol.EngineInstall]) -> None:
-    """An INSTALL event for each engine install whose state differs from the stored one, in one INSERT.
+    """An INSTALL event for each engine install whose state differs from the stored one, repeats folded.
 
     Read before the rows are replaced; an install first seen counts as a change
     from nothing, and one the report no longer lists is not an event.
@@ -190,9 +191,17 @@ def _record_install_changes(node: Node, reported: list[protocol.EngineInstall]) 
         lines = item.detail.strip().splitlines()
         reason = f"{name}: {lines[-1]}" if lines else name
         events.append(
-            NodeEvent(node=node, kind=NodeEvent.Kind.INSTALL, from_state=before, to_state=item.state, reason=reason)
+            NodeEvent(
+                node=node,
+                kind=NodeEvent.Kind.INSTALL,
+                from_state=before,
+                to_state=item.state,
+                reason=reason,
+                subject=f"{item.engine} {item.variant}".strip(),
+            )
         )
-    NodeEvent.objects.bulk_create(events)
+    # An install that flaps folds into one event: the cost of a flapping node stays flat (issue 22).
+    record_folding_repeats(node.pk, events)
 
 
 def _unique_by(items, key):

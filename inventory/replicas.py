@@ -19,6 +19,7 @@ from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
 from agent import protocol
+from inventory.events import record_folding_repeats
 from inventory.models import (
     GPU,
     LIVE_STATES,
@@ -230,8 +231,8 @@ class ReportEffects:
     failed: dict[str, str] = field(default_factory=dict)
     # This node's shards of the failed replicas: no longer to be run.
     failed_shards: set[str] = field(default_factory=set)
-    # (to_state, reason) of each engine that failed or restarted since the last report: ENGINE events.
-    engine_events: list[tuple[str, str]] = field(default_factory=list)
+    # (to_state, shard, reason) of each engine that failed or restarted since the last report: ENGINE events.
+    engine_events: list[tuple[str, str, str]] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return bool(self.changed or self.stopped or self.failed)
@@ -260,7 +261,7 @@ def read_reports(node_id: str, shards: list[Any], reports: Iterable[protocol.Sha
         elif _REPORTED[status.state] == ReplicaState.FAILED:
             reason = f"shard {shard.shard_id} failed on {node_id}: {_describe(status)}"
             effects.failed[shard.replica.replica_id] = reason
-            effects.engine_events.append(("failed", f"{shard.shard_id}: {_describe_failure(status)}"))
+            effects.engine_events.append(("failed", shard.shard_id, f"{shard.shard_id}: {_describe_failure(status)}"))
         else:
             new = (_REPORTED[status.state], _describe(status), status.metrics_port)
             if new != (shard.state, shard.reason, shard.metrics_port):
@@ -268,7 +269,8 @@ def read_reports(node_id: str, shards: list[Any], reports: Iterable[protocol.Sha
                 before = _restarts_in(shard.reason)
                 if status.restarts > before:
                     words = f"restarted ({before} → {status.restarts} restarts)"
-                    effects.engine_events.append(("restarted", f"{shard.shard_id} {words}: {_describe(status)}"))
+                    reason = f"{shard.shard_id} {words}: {_describe(status)}"
+                    effects.engine_events.append(("restarted", shard.shard_id, reason))
     effects.failed_shards = {s.shard_id for s in shards if s.replica.replica_id in effects.failed}
     return effects
 
@@ -276,9 +278,20 @@ def read_reports(node_id: str, shards: list[Any], reports: Iterable[protocol.Sha
 def apply_reports(effects: ReportEffects) -> set[str]:
     """Write what `read_reports` found. Returns the shard ids no longer to be run."""
     now = timezone.now()
-    NodeEvent.objects.bulk_create(
-        NodeEvent(node_id=effects.node_id, at=now, kind=NodeEvent.Kind.ENGINE, to_state=state, reason=reason)
-        for state, reason in effects.engine_events
+    # An engine that keeps restarting folds into one event per shard (inventory/events.py).
+    record_folding_repeats(
+        effects.node_id,
+        [
+            NodeEvent(
+                node_id=effects.node_id,
+                at=now,
+                kind=NodeEvent.Kind.ENGINE,
+                to_state=state,
+                reason=reason,
+                subject=shard,
+            )
+            for state, shard, reason in effects.engine_events
+        ],
     )
     changed = []
     for shard, state, reason, metrics_port in effects.changed:

@@ -1,11 +1,12 @@
-"""Celery tasks of the inventory: the stale-marking sweep and the reconciler."""
+"""Celery tasks of the inventory: the stale-marking sweep, the reconciler and the events' retention."""
 
 import logging
 
 import redis
 from celery import shared_task
+from django.utils import timezone
 
-from inventory import sweep
+from inventory import events, sweep
 from inventory.reconcile import reconcile as reconcile_pass
 from livestate import locks, selfmetrics
 
@@ -71,3 +72,9 @@ def reconcile() -> dict:
             lock.release()
         except redis.exceptions.LockError:
             log.warning("reconcile lock expired before the pass ended")
+
+
+@shared_task(name="inventory.tasks.prune_events")
+def prune_events() -> dict:
+    """Run by beat every hour: node events older than LLMGW_EVENT_RETENTION_DAYS go. Idempotent."""
+    return {"deleted": events.prune(timezone.now())}

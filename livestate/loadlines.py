@@ -8,14 +8,17 @@ byte strings instead of formatting 150,000 samples.
 
 The text, as stored:
 
-    <received_at>\\n<lines of family 0>\\x1e … <lines of family 8>\\x1e<shard records>
+    <received_at>\\n<lines of family 0>\\x1e … <lines of family 8>\\x1e<GPU records>\\x1e<shard records>
 
 with the families of `STORED` in order (the node's, then its GPUs', one line
-per GPU that gave the figure), and one record per shard,
+per GPU that gave the figure, one GPU per index), one record per GPU rendered,
+`<index>\\x1f<uuid>\\n` in the order of their indices, and one record per shard,
 `<shard>\\x1f<cpu cores>\\x1f<resident bytes>\\n`, its values already formatted.
 Shard lines themselves are finished at the scrape: their `replica` and `model`
 labels come from the allocations in the database, which a heartbeat does not
-read. Node and shard ids cannot hold the separators (protocol.NodeId).
+read. The GPU records let the scrape check in one comparison that the GPU
+lines name only GPUs the inventory holds (nodes/metrics/known.py). Node and
+shard ids and GPU uuids cannot hold the separators (protocol.NodeId, GPUUuid).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import NamedTuple
 
-from agent.protocol import Load
+from agent.protocol import GPULoad, Load
 from livestate.samples import labelset, line, value
 
 
@@ -66,13 +69,16 @@ FIELD_SEPARATOR = b"\x1f"
 
 def render(node_id: str, load: Load, received_at: float) -> bytes:
     cpu, cpus, load1, load5, load15, used, available = _prefixes(node_id)
+    # One GPU per index (the last, as for an inventory): a series per index at most.
+    gpus = sorted({gpu.index: gpu for gpu in load.gpus}.values(), key=lambda gpu: gpu.index)
     parts = (
         f"{cpu}{value(load.cpu_percent)}\n",
         f"{cpus}{value(load.cpus)}\n",
         f"{load1}{value(load.load1)}\n{load5}{value(load.load5)}\n{load15}{value(load.load15)}\n",
         f"{used}{value(load.memory_used_bytes)}\n",
         f"{available}{value(load.memory_available_bytes)}\n",
-        *_gpu_chunks(node_id, load),
+        *_gpu_chunks(node_id, gpus),
+        "".join(gpu_record(gpu.index, gpu.uuid) for gpu in gpus),
         "".join(f"{s.shard}\x1f{value(s.cpu_cores)}\x1f{value(s.rss_bytes)}\n" for s in load.shards),
     )
     return f"{received_at!r}\n{_FAMILY_SEPARATOR.join(parts)}".encode()
@@ -98,10 +104,10 @@ def _prefixes(node_id: str) -> tuple[str, ...]:
     )
 
 
-def _gpu_chunks(node_id: str, load: Load) -> list[str]:
+def _gpu_chunks(node_id: str, gpus: list[GPULoad]) -> list[str]:
     """One chunk per GPU_LOAD family; a figure the GPU did not give has no line."""
     chunks: list[list[str]] = [[] for _ in GPU_LOAD]
-    for gpu in load.gpus:
+    for gpu in gpus:
         labels = labelset(gpu=str(gpu.index), node=node_id, uuid=gpu.uuid)
         figures = (gpu.utilization_percent, gpu.memory_used_bytes, gpu.temperature_celsius, gpu.power_watts)
         for chunk, family, figure in zip(chunks, GPU_LOAD, figures, strict=True):
@@ -110,11 +116,24 @@ def _gpu_chunks(node_id: str, load: Load) -> list[str]:
     return ["".join(chunk) for chunk in chunks]
 
 
+def gpu_record(index: int, uuid: str) -> str:
+    """A GPU as the stored text's GPU records list it; the scrape builds the inventory's the same way.
+
+    An inventory's uuid is any text, a load's never holds a separator (protocol.GPUUuid): a GPU
+    whose uuid does has no record, as no load can name it.
+    """
+    if "\n" in uuid or "\x1f" in uuid:
+        return ""
+    return f"{index}\x1f{uuid}\n"
+
+
 class Rendered(NamedTuple):
-    """A stored text taken apart: one chunk per STORED family, and (shard, cores, bytes) records."""
+    """A stored text taken apart: one chunk per STORED family, the GPU records as stored, and
+    (shard, cores, bytes) records."""
 
     received_at: float
     chunks: list[bytes]
+    gpus: bytes
     shards: list[list[bytes]]
 
 
@@ -124,7 +143,7 @@ def parse(raw: bytes | None) -> Rendered | None:
         return None
     head, _, body = raw.partition(b"\n")
     parts = body.split(FAMILY_SEPARATOR)
-    if len(parts) != len(STORED) + 1:
+    if len(parts) != len(STORED) + 2:
         return None
     try:
         received_at = float(head)
@@ -133,4 +152,4 @@ def parse(raw: bytes | None) -> Rendered | None:
     shards = [record.split(FIELD_SEPARATOR) for record in parts[-1].splitlines()]
     if any(len(record) != 3 for record in shards):
         return None
-    return Rendered(received_at, parts[:-1], shards)
+    return Rendered(received_at, parts[:-2], parts[-2], shards)

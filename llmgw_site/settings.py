@@ -60,9 +60,14 @@ try:
     # per address before either is locked out for the cool-off.
     LLMGW_LOGIN_FAILURE_LIMIT = env_int("LLMGW_LOGIN_FAILURE_LIMIT", 5, minimum=1)
     LLMGW_LOGIN_COOLOFF_MINUTES = env_float("LLMGW_LOGIN_COOLOFF_MINUTES", 15.0, minimum=0.1)
-    # Networks whose addresses an agent may name as its management address for
-    # Prometheus to scrape (nodes/targets.py); empty: only the address it beats from.
+    # Networks whose addresses an agent may name as its management address, trusted as the
+    # node's address (inventory/endpoints.py); empty: only the address it registers from.
     LLMGW_TRUSTED_TARGET_NETWORKS = env_networks("LLMGW_TRUSTED_TARGET_NETWORKS")
+    # Node events: a repeat of the same kind and subject within this many seconds of the last
+    # counts on that event instead of adding one (0: never folded); events are kept this many
+    # days after they last happened, then pruned by beat (inventory/events.py).
+    LLMGW_EVENT_COALESCE_SECONDS = env_float("LLMGW_EVENT_COALESCE_SECONDS", 600.0, minimum=0.0)
+    LLMGW_EVENT_RETENTION_DAYS = env_int("LLMGW_EVENT_RETENTION_DAYS", 90, minimum=1)
 except EnvError as exc:
     raise ImproperlyConfigured(str(exc)) from None
 
@@ -222,6 +227,7 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE = {
     "mark-stale": {"task": "inventory.tasks.mark_stale", "schedule": LLMGW_BEAT_PERIOD},
     "reconcile": {"task": "inventory.tasks.reconcile", "schedule": LLMGW_BEAT_PERIOD},
+    "prune-events": {"task": "inventory.tasks.prune_events", "schedule": 3600.0},
     # A render not started within its period is superseded by the next one.
     "render-metrics": {
         "task": "nodes.tasks.render_metrics",

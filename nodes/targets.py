@@ -4,35 +4,27 @@ Prometheus polls this (`http_sd_configs`) and scrapes the engines directly,
 for figures only they know, such as queue depth. One query, whatever the
 fleet size.
 
-A node must not choose what Prometheus scrapes: its agent's `mgmt_addr` and
-hostname are only its claims, and could name any host. So a target's host is
-the address the node's registrations and inventories came from
-(`Node.source_addr`, as nodes/ratelimit.py `client_address` sees it), or its
-`mgmt_addr` when that is an IP address inside one of the operator's
-LLMGW_TRUSTED_TARGET_NETWORKS (for nodes whose traffic reaches the control
-plane through a NAT or a proxy the hop count does not see past). A node with
-neither has no target. Its port is the engine's, on that host.
+A node must not choose what Prometheus scrapes: a target's host is the node's
+trusted address (inventory/endpoints.py `trusted_address`), never what its
+agent claims; a node without one has no target. Its port is the engine's, on
+that host.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
-from collections.abc import Sequence
 
-from django.conf import settings
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
 
+from inventory.endpoints import trusted_address
 from inventory.models import ReplicaState, Shard
 
 # The same optional bearer token as /metrics: both tell a reader where the fleet is.
 from nodes.metrics.views import _authorized
 
 log = logging.getLogger(__name__)
-
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
 @require_GET
@@ -65,10 +57,9 @@ def prometheus_targets(request: HttpRequest) -> HttpResponse:
 
 
 def _groups(rows) -> list[dict]:
-    trusted = settings.LLMGW_TRUSTED_TARGET_NETWORKS
     groups = []
     for shard, port, metrics_port, node, claimed, source, replica, model, engine in rows:
-        host = scrape_host(claimed, source, trusted)
+        host = trusted_address(claimed, source)
         if host is None:
             continue
         groups.append(
@@ -78,16 +69,3 @@ def _groups(rows) -> list[dict]:
             }
         )
     return groups
-
-
-def scrape_host(claimed: str, source: str | None, trusted: Sequence[IPNetwork]) -> str | None:
-    """Where to scrape a node: its claimed address inside a trusted network, else its source address, else nowhere."""
-    try:
-        address = ipaddress.ip_address(claimed)
-    except ValueError:
-        address = None
-    if address is None or not any(address in network for network in trusted):
-        address = ipaddress.ip_address(source) if source else None
-    if address is None:
-        return None
-    return f"[{address}]" if address.version == 6 else str(address)

@@ -55,6 +55,8 @@ def event_fields(event: NodeEvent) -> dict:
         "to_state": event.to_state,
         "reason": event.reason,
         "actor": event.actor,
+        "repeats": event.repeats,
+        "last_at": event.last_at,
     }
 
 
@@ -115,6 +117,7 @@ def node_detail(node: Node, now: float) -> dict:
         "id": node.pk,
         "hostname": node.hostname,
         "mgmt_addr": node.mgmt_addr,
+        "address": node.address,
         "state": node.state,
         "admin_state": node.admin_state,
         "admin_state_by": node.admin_state_by,

@@ -109,7 +109,8 @@ def node(
     for index, reason in (health or {}).items():
         inventory.gpus[index].health = reason
     now = timezone.now()
-    created, _ = upsert_inventory(name, inventory, now=now)
+    # As its agent would: registered from its management address, so that address is trusted.
+    created, _ = upsert_inventory(name, inventory, now=now, source_addr=inventory.mgmt_addr)
     set_state(name, admin_state, liveness, now)
     created.refresh_from_db()
     return created

@@ -38,7 +38,7 @@ def page(client, viewer, redis_client):
 def report(*installs: protocol.EngineInstall) -> None:
     inventory = make_inventory("cpu-1.example", memory_total_bytes=64 * 2**30, cpus=16, provision=list(installs))
     inventory.mgmt_addr = "10.1.2.3"
-    upsert_inventory("cpu-1", inventory)
+    upsert_inventory("cpu-1", inventory, source_addr="10.1.2.3")
 
 
 def llama(state: protocol.InstallState, detail: str = "") -> protocol.EngineInstall:

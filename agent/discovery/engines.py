@@ -32,5 +32,5 @@ def probe_one(command: list[str], timeout: float) -> str:
                 version = line.removeprefix("version:").strip()
                 if done.returncode != 0:
                     version = f"unknown (exit {done.returncode}: {version})"
-                return version[: protocol.MAX_TEXT]
+                return protocol.clip(version)
     return f"unknown (exit {done.returncode}, no output)"

@@ -101,7 +101,7 @@ class Provisioner:
                     version=(i.version or i.want.version)[: protocol.MAX_TEXT],
                     variant=i.want.variant[: protocol.MAX_TEXT],
                     state=i.state,
-                    detail=i.detail[: protocol.MAX_DETAIL],
+                    detail=protocol.clip(i.detail, protocol.MAX_DETAIL),
                 )
                 for i in sorted(self.installs.values(), key=lambda i: (i.want.engine, i.want.version))
             ]

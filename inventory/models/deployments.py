@@ -20,6 +20,7 @@ from django.utils import timezone
 from agent import enginekinds
 from inventory.models.allocations import Allocation
 from inventory.models.choices import ValueChoices
+from inventory.models.gpus import GPU_CLASS_LENGTH
 from inventory.models.nodes import Node
 from livestate import shardversion
 
@@ -98,7 +99,7 @@ class Deployment(models.Model):
         default=1, validators=[MaxValueValidator(64)], help_text="0 for engines that run on CPUs."
     )
     gpu_class = models.CharField(
-        "GPU class", max_length=64, blank=True, help_text="For example H100-80GB; empty takes any class."
+        "GPU class", max_length=GPU_CLASS_LENGTH, blank=True, help_text="For example H100-80GB; empty takes any class."
     )
     memory_gb_per_shard = models.PositiveIntegerField(
         "host memory per shard (GB)", default=0, help_text="0 = undeclared: constrains nothing."

@@ -6,6 +6,7 @@ default prefix is the same, so a matching prefix proves nothing.
 
 from django.db import models
 
+from agent.protocol import MAX_TEXT
 from inventory.models.nodes import Node
 
 
@@ -13,7 +14,7 @@ class FabricAttachment(models.Model):
     """A node's adapters on one fabric, and the rate of its slowest active port."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="fabrics")
-    fabric = models.CharField(max_length=256, db_index=True)
+    fabric = models.CharField(max_length=MAX_TEXT, db_index=True)
     hcas = models.JSONField(default=list)
     # The slowest active port: a collective runs at the speed of its slowest link.
     rate_gbps = models.PositiveIntegerField(default=0)

@@ -13,6 +13,7 @@ import re
 from django.db import models
 from django.db.models import Exists, OuterRef, Q
 
+from agent.protocol import MAX_DETAIL, MAX_TEXT
 from inventory.models.allocations import GPUClaim
 from inventory.models.choices import ValueChoices
 from inventory.models.nodes import Node
@@ -22,6 +23,8 @@ _MODEL = re.compile(r"\b(RTX\s?\d{4}[A-Z]{0,2}|[A-Z]{1,3}\d{1,4}[A-Z]{0,2})\b", 
 _MEMORY_IN_NAME = re.compile(r"(\d{1,3})\s?GB\b", re.IGNORECASE)
 
 HEALTH_OK = "ok"
+# A GPU's class is derived here, not reported: its column, and a deployment's, hold this much.
+GPU_CLASS_LENGTH = 64
 
 
 class GPUCondition(ValueChoices):
@@ -68,7 +71,8 @@ def gpu_class(name: str, memory_bytes: int = 0) -> str:
 
     Placement matches on this, so two cards that differ only in packaging
     (SXM or PCIe, HBM2e or HBM3) share a class, while the 40 and 80 GB A100s
-    do not: a model that fits one does not fit the other.
+    do not: a model that fits one does not fit the other. A name the patterns
+    do not know is kept whole, cut to fit GPU_CLASS_LENGTH with its memory.
     """
     stripped = _VENDOR_WORDS.sub(" ", name)
     match = _MODEL.search(stripped)
@@ -79,8 +83,9 @@ def gpu_class(name: str, memory_bytes: int = 0) -> str:
     elif memory_bytes:
         gigabytes = round(memory_bytes / 2**30)
     else:
-        return model
-    return f"{model}-{gigabytes}GB"
+        return model[:GPU_CLASS_LENGTH]
+    memory_suffix = f"-{gigabytes}GB"
+    return model[: GPU_CLASS_LENGTH - len(memory_suffix)] + memory_suffix
 
 
 class GPU(models.Model):
@@ -88,12 +93,12 @@ class GPU(models.Model):
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
     index = models.PositiveSmallIntegerField()
-    uuid = models.CharField(max_length=256, blank=True)
-    name = models.CharField(max_length=256, blank=True)
-    gpu_class = models.CharField("class", max_length=64, db_index=True)
+    uuid = models.CharField(max_length=MAX_TEXT, blank=True)
+    name = models.CharField(max_length=MAX_TEXT, blank=True)
+    gpu_class = models.CharField("class", max_length=GPU_CLASS_LENGTH, db_index=True)
     memory_bytes = models.BigIntegerField(default=0)
     ecc_errors = models.PositiveIntegerField(default=0)
-    health = models.CharField(max_length=1024, default=HEALTH_OK)
+    health = models.CharField(max_length=MAX_DETAIL, default=HEALTH_OK)
     # The control plane's own fields: an inventory report never writes them
     # (registration keeps them while the GPU keeps its uuid).
     # Indexed: each reconcile pass looks for the few degraded and failed GPUs among all of them.

@@ -5,7 +5,14 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
+from agent.protocol import MAX_ID, MAX_TEXT
+from inventory.endpoints import trusted_address
 from inventory.models.choices import AdminState, Liveness, NodeState, TextChoices, derive_state, state_q
+
+# The columns that hold what an agent reports take their lengths from the protocol's
+# bounds (agent/protocol.py), here and in every inventory model: a report the
+# protocol accepts always fits (issue 22: a 256-character `arch` in a 64-character
+# column answered 500 on PostgreSQL).
 
 # The node fields its agent owns: every inventory report replaces them, so the
 # admin shows them read-only and registration writes exactly these. Operator
@@ -51,9 +58,9 @@ class Node(models.Model):
     whenever it reports a new inventory.
     """
 
-    id = models.CharField(primary_key=True, max_length=128)
-    hostname = models.CharField(max_length=256, blank=True)
-    mgmt_addr = models.CharField("management address", max_length=256, blank=True)
+    id = models.CharField(primary_key=True, max_length=MAX_ID)
+    hostname = models.CharField(max_length=MAX_TEXT, blank=True)
+    mgmt_addr = models.CharField("management address", max_length=MAX_TEXT, blank=True)
     # Labels from the agent's config; replaced on every inventory report.
     labels = models.JSONField(default=dict, blank=True)
     # Labels set by operators in the admin; they win over the agent's on a clash.
@@ -62,26 +69,26 @@ class Node(models.Model):
     # Null: the agent has not said. Treated as no constraint, never as zero.
     memory_total_bytes = models.BigIntegerField(null=True, blank=True)
 
-    os = models.CharField(max_length=256, blank=True)
-    os_version = models.CharField(max_length=256, blank=True)
-    kernel = models.CharField(max_length=256, blank=True)
-    arch = models.CharField(max_length=64, blank=True)
-    cpu_model = models.CharField(max_length=256, blank=True)
+    os = models.CharField(max_length=MAX_TEXT, blank=True)
+    os_version = models.CharField(max_length=MAX_TEXT, blank=True)
+    kernel = models.CharField(max_length=MAX_TEXT, blank=True)
+    arch = models.CharField(max_length=MAX_TEXT, blank=True)
+    cpu_model = models.CharField(max_length=MAX_TEXT, blank=True)
     cpus = models.PositiveIntegerField(default=0)
 
-    agent_version = models.CharField(max_length=256, blank=True)
+    agent_version = models.CharField(max_length=MAX_TEXT, blank=True)
     engine_versions = models.JSONField(default=dict, blank=True)
     # Says engine_versions is an answer: an empty map then means "has none".
     engines_probed = models.BooleanField(default=False)
     # Says the weights are an answer: the agent had model directories to look in.
     weights_scanned = models.BooleanField(default=False)
-    inventory_hash = models.CharField(max_length=256, blank=True)
+    inventory_hash = models.CharField(max_length=MAX_TEXT, blank=True)
     # The client address the node's latest registration or inventory came from: what the
     # control plane itself saw, unlike mgmt_addr, which the agent claims (nodes/targets.py).
     source_addr = models.GenericIPAddressField("source address", null=True, blank=True)
     # Which heartbeat the stored inventory came from: the agent run's boot id and its
     # number in that run ("" and 0: said nothing), so an older one is refused.
-    inventory_boot_id = models.CharField(max_length=128, blank=True)
+    inventory_boot_id = models.CharField(max_length=MAX_ID, blank=True)
     inventory_seq = models.PositiveBigIntegerField(default=0)
 
     admin_state = models.CharField(max_length=16, choices=AdminState.choices, default=AdminState.ACTIVE)
@@ -109,6 +116,11 @@ class Node(models.Model):
     @property
     def state(self) -> NodeState:
         return derive_state(self.admin_state, self.liveness)
+
+    @property
+    def address(self) -> str | None:
+        """Where others reach this node: its trusted address, never its mere claim (inventory/endpoints.py)."""
+        return trusted_address(self.mgmt_addr, self.source_addr)
 
     @property
     def all_labels(self) -> dict[str, str]:
@@ -155,6 +167,15 @@ class NodeEvent(models.Model):
     to_state = models.CharField(max_length=16, blank=True)
     reason = models.TextField(blank=True)
     actor = models.CharField(max_length=150, blank=True)
+    # What within its kind the event is about (an install's engine and variant, an engine's shard),
+    # for folding repeats into one event (inventory/events.py). Defaults in the database too, like
+    # `repeats`: the sweep writes liveness events with its own INSERT (inventory/liveness.py).
+    subject = models.CharField(max_length=2 * MAX_TEXT + 1, blank=True, db_default="")
+    # How many times it happened, and when it last did (null: once, at `at`): the same change of the
+    # same subject again within LLMGW_EVENT_COALESCE_SECONDS counts here instead of adding a row;
+    # the reason is the first occurrence's.
+    repeats = models.PositiveIntegerField(default=1, db_default=1)
+    last_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-at", "-id"]
@@ -173,9 +194,9 @@ class EngineInstall(models.Model):
         UNSUPPORTED = "unsupported"
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="engine_installs")
-    engine = models.CharField(max_length=256)
-    version = models.CharField(max_length=256, blank=True)
-    variant = models.CharField(max_length=256, blank=True)
+    engine = models.CharField(max_length=MAX_TEXT)
+    version = models.CharField(max_length=MAX_TEXT, blank=True)
+    variant = models.CharField(max_length=MAX_TEXT, blank=True)
     state = models.CharField(max_length=16, choices=State.choices)
     detail = models.TextField(blank=True)
 

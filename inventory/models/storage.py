@@ -2,6 +2,7 @@
 
 from django.db import models
 
+from agent.protocol import MAX_DETAIL, MAX_TEXT
 from inventory.models.nodes import Node
 
 
@@ -13,8 +14,8 @@ class Filesystem(models.Model):
     """
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="filesystems")
-    mount = models.CharField(max_length=1024)
-    fstype = models.CharField(max_length=64, blank=True)
+    mount = models.CharField(max_length=MAX_DETAIL)
+    fstype = models.CharField(max_length=MAX_TEXT, blank=True)
     total_bytes = models.BigIntegerField(default=0)
     free_bytes = models.BigIntegerField(default=0)
     shared = models.BooleanField(default=False)
@@ -30,7 +31,7 @@ class Weights(models.Model):
     """Model files a node can see: a model directory or a GGUF file."""
 
     node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="weights")
-    path = models.CharField(max_length=1024)
+    path = models.CharField(max_length=MAX_DETAIL)
     size_bytes = models.BigIntegerField(default=0)
     format = models.CharField(max_length=16, blank=True)
 

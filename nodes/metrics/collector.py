@@ -25,7 +25,7 @@ import livestate
 from inventory.models import derive_state
 from livestate import loadlines, loadstore, selfmetrics
 from livestate.samples import labelset, line
-from nodes.metrics import families, inventory_series
+from nodes.metrics import families, inventory_series, known
 from nodes.metrics.exposition import RenderedFamily
 from nodes.metrics.families import Family
 from nodes.metrics.rowcache import RowCache
@@ -65,8 +65,13 @@ class FleetCollector:
         present = {row.facts.id for row in inv.nodes}
         allocations = self.allocations.refresh(row for row in inv.allocations if row.node in present)
 
+        gpu_rows = [row for row in inv.gpu_conditions if row.node in present]
+        conditions = self.gpu_conditions.refresh(gpu_rows)
+        # Only the GPUs the inventory holds, and below only the shards allocated here (nodes/metrics/known.py).
+        held = known.gpu_records((row.node for row in gpu_rows), (text.record for text in conditions))
+        loads = known.held_chunks(scrape.loads, held)
         for index, family in enumerate(loadlines.STORED):
-            yield rendered(family, [stored.chunks[index] for _, stored in scrape.loads])
+            yield rendered(family, [chunks[index] for chunks in loads])
         shards = _shard_samples(scrape.loads, {a.shard: a for a in allocations})
         cpu, memory = families.SHARD_CPU.name.encode(), families.SHARD_MEMORY.name.encode()
         yield rendered(families.SHARD_CPU, [cpu + s.labels + b" " + s.cores + b"\n" for s in shards])
@@ -88,8 +93,7 @@ class FleetCollector:
         yield rendered(families.GPUS, [text.count for text in gpus])
         yield rendered(families.GPUS_FREE, [text.free for text in gpus])
         yield rendered(families.GPU_MEMORY, [text.memory for text in gpus])
-        conditions = self.gpu_conditions.refresh(row for row in inv.gpu_conditions if row.node in present)
-        yield rendered(families.GPU_HEALTH, conditions)
+        yield rendered(families.GPU_HEALTH, [c.health for c in conditions])
         disks = self.disks.refresh(row for row in inv.disks if row.node in present)
         yield rendered(families.DISK_FREE, [text.free for text in disks])
         yield rendered(families.DISK_SIZE, [text.size for text in disks])
@@ -154,17 +158,17 @@ class ShardSample(NamedTuple):
 
 
 def _shard_samples(fresh: list, placed: dict) -> list[ShardSample]:
-    """Every shard in a fresh load, labelled from its allocation."""
+    """Every shard in a fresh load that is allocated to its node, labelled from its allocation.
+
+    A shard its agent names but placement did not put there is left out: the name is the
+    agent's word, and each new one would be a new series (nodes/metrics/known.py).
+    """
     samples = []
     for node_id, stored in fresh:
         for shard, cores, resident in stored.shards:
             allocation = placed.get(shard.decode())
             if allocation is not None and allocation.node == node_id:
-                labels = allocation.labels
-            else:
-                # Running but not (or no longer) allocated here: still measured, not yet labelled.
-                labels = labelset(model="", node=node_id, replica="", shard=shard.decode()).encode()
-            samples.append(ShardSample(labels, cores, resident))
+                samples.append(ShardSample(allocation.labels, cores, resident))
     return samples
 
 
@@ -212,9 +216,16 @@ def _render_gpus(row: inventory_series.GPURow) -> RenderedGPUs:
     )
 
 
-def _render_gpu_condition(row: inventory_series.GPUConditionRow) -> bytes:
+class RenderedGPU(NamedTuple):
+    health: bytes
+    record: bytes  # the GPU as a load's GPU records list it (livestate.loadlines)
+
+
+def _render_gpu_condition(row: inventory_series.GPUConditionRow) -> RenderedGPU:
     labels = labelset(gpu=str(row.index), node=row.node, state=row.condition, uuid=row.uuid)
-    return line(families.GPU_HEALTH.name, labels, 1).encode()
+    return RenderedGPU(
+        line(families.GPU_HEALTH.name, labels, 1).encode(), loadlines.gpu_record(row.index, row.uuid).encode()
+    )
 
 
 class RenderedDisk(NamedTuple):

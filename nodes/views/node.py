@@ -229,6 +229,9 @@ def event_text(event: NodeEvent) -> str:
         text += f" · “{event.reason}”"
     if event.actor:
         text += f" — {event.actor}"
+    if event.repeats > 1:
+        # Repeats folded into this event (inventory/events.py); the reason is the first's.
+        text += f" · {event.repeats} times, last at {event.last_at:%Y-%m-%d %H:%M:%S} UTC"
     return text
 
 
@@ -291,7 +294,7 @@ def live_context(node: Node, now: float) -> dict:
         reading.load,
         facts,
         installs,
-        endpoints.node_address(node.mgmt_addr, node.hostname, node.pk),
+        node.address or "",
     )
     mark_engine_metrics(node.pk, engines, facts, now)
     return {

@@ -124,6 +124,11 @@ class EventSerializer(serializers.Serializer):
     to_state = serializers.CharField()
     reason = serializers.CharField()
     actor = serializers.CharField()
+    repeats = serializers.IntegerField(
+        help_text="How many times it happened: the same change again within LLMGW_EVENT_COALESCE_SECONDS "
+        "counts here (and moves last_at; the reason stays the first's) instead of making a new event."
+    )
+    last_at = serializers.DateTimeField(allow_null=True, help_text="When it last happened; null: once, at `at`.")
 
 
 class DrainSerializer(serializers.Serializer):
@@ -138,7 +143,12 @@ class DrainSerializer(serializers.Serializer):
 class NodeDetailSerializer(serializers.Serializer):
     id = serializers.CharField()
     hostname = serializers.CharField()
-    mgmt_addr = serializers.CharField()
+    mgmt_addr = serializers.CharField(help_text="The management address its agent claims: shown, never connected to.")
+    address = serializers.CharField(
+        allow_null=True,
+        help_text="Where the control plane and the node's peers reach it: the address its registrations came from, "
+        "or its claimed one inside LLMGW_TRUSTED_TARGET_NETWORKS; null when neither.",
+    )
     state = serializers.ChoiceField(choices=NodeState.choices)
     admin_state = serializers.ChoiceField(choices=AdminState.choices)
     admin_state_by = serializers.CharField()

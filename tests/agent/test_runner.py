@@ -279,3 +279,15 @@ def test_nothing_starts_after_stop_all(runner):
     runner.reconcile([spec("a", "sleep 61"), spec("b", "sleep 60")])
     runner.poll()
     assert runner.process_groups() == {}
+
+
+def test_a_log_tail_with_nul_bytes_makes_a_detail_the_control_plane_accepts(tmp_path):
+    # The control plane refuses any string holding NUL (PostgreSQL cannot store one): an engine
+    # that logged one must not make every heartbeat of its node a 400.
+    log = tmp_path / "shard.log"
+    log.write_bytes(b"loading\x00weights\nboom\x00\n")
+
+    detail = runner_module.with_tail("exited with 1", log)
+
+    assert "\x00" not in detail
+    assert detail.endswith("loadingweights\nboom")

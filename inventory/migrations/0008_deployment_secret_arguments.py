@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("inventory", "0005_node_event_kinds"),
+        ("inventory", "0007_node_event_repeats"),
     ]
 
     operations = [
