@@ -52,10 +52,7 @@ def violations(page) -> list[str]:
     """
     page.evaluate(AXE.read_text())
     found = page.evaluate("async () => (await axe.run(document)).violations")
-    return [
-        f"{v['id']} ({v['impact']}): {', '.join(str(n['target']) for n in v['nodes'][:5])}"
-        for v in found
-    ]
+    return [f"{v['id']} ({v['impact']}): {', '.join(str(n['target']) for n in v['nodes'][:5])}" for v in found]
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
