@@ -49,7 +49,7 @@ def main() -> int:
         print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
     print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))
     print(f"  logs           {stack.logs}/")
-    print("  demo model     Gemma 3 270M on llama.cpp, fetched and built in the background: the node page")
+    print("  demo model     SmolLM2-135M-Instruct on llama.cpp, fetched and built in the background: the node page")
     print("                 shows the install, then the engine and its endpoint (README: asking it a question)")
     if password:
         print(f"  admin user     admin / {password}   (shown once; kept in {var / 'admin-password'})")
