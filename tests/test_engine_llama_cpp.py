@@ -9,6 +9,7 @@ seconds to set up and spend their time on inference.
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import urllib.request
 
@@ -23,11 +24,13 @@ from agent.provision import Provisioner, Want
 from devstack.fakecp import FakeControlPlane
 from devstack.polling import wait_until
 from devstack.ports import free_port
+from inventory.management.commands.setup_demo import MODEL_DEPLOYMENT
 from tests.agent.conftest import FAST
 
 pytestmark = pytest.mark.slow
 
 VERSION = engine_templates.PINNED["llama.cpp"]
+DEMO_ARGUMENTS = tuple(shlex.split(MODEL_DEPLOYMENT["arguments"]))
 # A cold build on two busy cores; a warm cache makes it seconds.
 BUILD_TIMEOUT = 45 * 60
 
@@ -85,7 +88,9 @@ def gauges(port: int) -> dict[str, float]:
 def test_the_model_answers_through_a_real_agent_and_its_queue_is_exported(model, tmp_path):
     port = free_port()
     # One slot, so that of four requests three wait: the queue depth the product charts.
-    command = engine_templates.command("llama.cpp", Launch(str(model), port, host="127.0.0.1", threads=2, parallel=1))
+    # As the demo deploys it: its arguments choose the chat template the model answers with.
+    launch = Launch(str(model), port, host="127.0.0.1", threads=2, parallel=1, extra=DEMO_ARGUMENTS)
+    command = engine_templates.command("llama.cpp", launch)
     with FakeControlPlane() as plane:
         plane.engines = [protocol.EngineWant(engine="llama.cpp", version=VERSION, variant="cpu")]
         plane.shards = [

@@ -56,6 +56,7 @@ def test_the_model_waits_for_its_weights_then_asks_the_node_for_llama_cpp(tmp_pa
     specs, engines = orders("laptop")
     (spec,) = [s for s in specs if s.engine == Engine.LLAMA_CPP]
     assert spec.command[:3] == ["llama-server", "--model", path]
+    assert spec.command[-2:] == ["--chat-template", "chatml"]
     assert protocol.EngineWant(engine="llama.cpp", variant="cpu") in engines
 
 
