@@ -26,6 +26,14 @@ run: $(BIN)/.installed sysdeps
 test: $(BIN)/.installed sysdeps-test
 	$(BIN)/python -m pytest
 
+# The suite again on PostgreSQL, as CI runs it (.ci/run): the machine's cluster on 127.0.0.1:5432,
+# started if it is installed but down; each run creates and drops its own test database.
+# The browser tests are left to `make test`: they test the pages, not the database.
+POSTGRES_URL ?= postgres://postgres@127.0.0.1:5432/llmgw_ci
+test-postgres: $(BIN)/.installed sysdeps-test
+	@scripts/postgres-up
+	DATABASE_URL=$(POSTGRES_URL) $(BIN)/python -m pytest -m "not browser"
+
 # Every module in bench/ but the soak, each run as `python -m bench.NAME` from the repository root
 # (bench.heartbeat and bench.scaleout need PostgreSQL at BENCH_POSTGRES, default 127.0.0.1:5432).
 BENCHES = $(filter-out __init__ soak,$(basename $(notdir $(wildcard bench/*.py))))
@@ -39,11 +47,13 @@ NODES ?= 2000
 soak: $(BIN)/.installed sysdeps-test
 	$(BIN)/python -m bench.soak --minutes $(MINUTES) --nodes $(NODES)
 
-# lint-imports holds the layers in pyproject.toml: web app > domain > live state > wire protocol.
+# lint-imports holds the layers in pyproject.toml: web app > domain > live state > wire protocol > lib;
+# mypy checks the types (pyproject.toml [tool.mypy]).
 lint: $(BIN)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/lint-imports
+	$(BIN)/mypy
 
 format: $(BIN)/.installed
 	$(BIN)/ruff format .

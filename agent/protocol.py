@@ -12,7 +12,7 @@ This module imports nothing but msgspec: the agent must not pull in Django.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -124,12 +124,15 @@ class Filesystem(Struct):
     shared: bool = False
 
 
+WeightsFormat = Literal["safetensors", "bin", "gguf", "other"]
+
+
 class Weights(Struct):
     """Model files the node can see: a model directory or a single GGUF file."""
 
     path: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_DETAIL)]
     size_bytes: Bytes = 0
-    format: Literal["safetensors", "bin", "gguf", "other"] = "other"
+    format: WeightsFormat = "other"
 
 
 class Fabric(Struct):
@@ -140,13 +143,16 @@ class Fabric(Struct):
     rate_gbps: Count = 0
 
 
+InstallState = Literal["installing", "ready", "failed", "unsupported"]
+
+
 class EngineInstall(Struct):
     """Where installing one engine stands on the node."""
 
     engine: Text
     version: Text = ""
     variant: Text = ""
-    state: Literal["installing", "ready", "failed", "unsupported"] = "ready"
+    state: InstallState = "ready"
     detail: Detail = ""
 
 
@@ -289,6 +295,6 @@ def encode(message: Struct) -> bytes:
     return encoder.encode(message)
 
 
-def decode(body: bytes, kind: type[Struct]):
+def decode(body: bytes, kind: Any) -> Any:
     """Decode and validate; raises msgspec.ValidationError or DecodeError."""
     return msgspec.json.decode(body, type=kind)

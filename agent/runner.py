@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent import cgroups, engine_templates, leftovers, protocol
+from agent.details import with_last_lines
 
 log = logging.getLogger("agent.runner")
 
@@ -34,7 +35,7 @@ MAX_LOG_BYTES = 64 * 2**20
 @dataclass
 class Shard:
     spec: protocol.ShardSpec
-    state: str = "starting"
+    state: protocol.ShardState = "starting"
     process: subprocess.Popen | None = None
     restarts: int = 0
     exit_code: int | None = None
@@ -93,19 +94,19 @@ class Runner:
                     shard.then, shard.remove = None, True
                     self._stop(shard)
             for shard_id, spec in wanted.items():
-                shard = self.shards.get(shard_id)
-                if shard is None:
-                    self.shards[shard_id] = shard = Shard(spec)
-                    self._start(shard)
-                elif shard.spec != spec or shard.remove:
-                    shard.remove = False
-                    if shard.process is not None and shard.process.poll() is None:
-                        shard.then = spec
-                        self._stop(shard)
+                known = self.shards.get(shard_id)
+                if known is None:
+                    self.shards[shard_id] = known = Shard(spec)
+                    self._start(known)
+                elif known.spec != spec or known.remove:
+                    known.remove = False
+                    if known.process is not None and known.process.poll() is None:
+                        known.then = spec
+                        self._stop(known)
                     else:
-                        shard.spec, shard.then = spec, None
-                        shard.restarts, shard.backoff, shard.exit_code = 0, 0.0, None
-                        self._start(shard)
+                        known.spec, known.then = spec, None
+                        known.restarts, known.backoff, known.exit_code = 0, 0.0, None
+                        self._start(known)
             self._record()
 
     def poll(self) -> None:
@@ -113,11 +114,12 @@ class Runner:
         now = self.clock()
         with self.lock:
             for shard_id, shard in list(self.shards.items()):
-                alive = shard.process is not None and shard.process.poll() is None
+                process = shard.process
+                alive = process is not None and process.poll() is None
                 if shard.kill_at is not None:
-                    if alive and now >= shard.kill_at:
+                    if process is not None and alive and now >= shard.kill_at:
                         log.warning("shard %s did not stop within %g s; killing its group", shard_id, self.grace)
-                        leftovers.signal_group(shard.process.pid, signal.SIGKILL)
+                        leftovers.signal_group(process.pid, signal.SIGKILL)
                         shard.kill_at = now + self.grace
                     elif not alive:
                         self._stopped(shard_id, shard)
@@ -237,9 +239,11 @@ class Runner:
             shard.placement = None
 
     def _exited(self, shard: Shard, now: float) -> None:
-        code = shard.process.returncode
+        process = shard.process
+        assert process is not None, "only a started shard exits"
+        code = process.returncode
         # Children the engine forked may outlive it and hold its port; the group goes with its leader.
-        leftovers.signal_group(shard.process.pid, signal.SIGKILL)
+        leftovers.signal_group(process.pid, signal.SIGKILL)
         shard.exit_code = code
         shard.state = "exited"
         why = f"exited with code {code}" if code >= 0 else f"killed by signal {-code}"
@@ -340,12 +344,4 @@ def with_tail(head: str, log: Path) -> str:
             lines = handle.read().decode(errors="replace").splitlines()
     except OSError:
         return head
-    kept: list[str] = []
-    room = protocol.MAX_DETAIL - len(head) - 1
-    for line in reversed([line for line in lines if line.strip()]):
-        line = line[:200]
-        if len(line) + 1 > room:
-            break
-        kept.insert(0, line)
-        room -= len(line) + 1
-    return "\n".join([head, *kept])
+    return with_last_lines(head, [line for line in lines if line.strip()])

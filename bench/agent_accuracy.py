@@ -35,7 +35,7 @@ while True:
 
 
 def parse(text: str) -> dict:
-    cpu = defaultdict(float)
+    cpu: defaultdict[str, float] = defaultdict(float)
     values = {}
     for line in text.splitlines():
         if line.startswith("#") or not line:
@@ -69,6 +69,7 @@ def main() -> None:
         # average changes only every 5 s, so both should then see the same one.
         load = sampler.sample({})
         last = parse(exporter.scrape())
+        assert load is not None, "a second sample makes a load"
     finally:
         burner.kill()
         burner.wait()

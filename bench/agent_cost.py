@@ -6,11 +6,16 @@ plane in this process, while `prometheus-node-exporter` (Debian's package) is sc
 once a second. CPU is read from /proc/<pid>/task/*/schedstat (nanoseconds, all
 threads) around each agent heartbeat and each scrape; the medians are reported.
 
-    python -m bench.agent_cost
+    python -m bench.agent_cost              # both parts (make bench)
+    python -m bench.agent_cost --big-host   # the sampler on a 100,000-process fixture only
+
+Run from the repository root, as a module (the project is not installed): its
+child processes are started the same way (`sampler_command`).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -18,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -111,13 +117,14 @@ def main() -> None:
             for _ in range(3):
                 exporter.scrape()  # warm-up: the first scrapes allocate
 
-            agent_cycles, scrapes = [], []
+            agent_cycles: list[float] = []
+            scrapes: list[float] = []
             seen, last = plane.accepted(), cpu_ns(agent.pid)
             while len(agent_cycles) < CYCLES:
                 before = cpu_ns(exporter.process.pid)
                 exporter.scrape()
                 scrapes.append((cpu_ns(exporter.process.pid) - before) / 1e6)
-                wait_until(lambda seen=seen: plane.accepted() > seen, 10, "the next heartbeat", interval=0.002)
+                wait_until(partial(plane.accepted_more_than, seen), 10, "the next heartbeat", interval=0.002)
                 now = cpu_ns(agent.pid)
                 # The heartbeat just arrived: the agent's cycle (sample, poll, beat) is over.
                 agent_cycles.append((now - last) / 1e6 / (plane.accepted() - seen))
@@ -215,7 +222,7 @@ def big_host() -> list[dict]:
             print(f"{mode}: fixture of {host.total} pids built in {time.monotonic() - started:.0f} s", flush=True)
             leaders = ",".join(str(engine.leader) for engine in host.engines)
             child = subprocess.Popen(
-                [sys.executable, __file__, "--sample-fixture", str(host.root), str(root), mode, leaders],
+                sampler_command(host.root, root, mode, leaders),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 text=True,
@@ -229,7 +236,8 @@ def big_host() -> list[dict]:
                     fake.usage_usec += 5_000_000
                     fake.write()
                 readings.append(_ask(child))
-            child.stdin.close()
+            if child.stdin is not None:
+                child.stdin.close()
             child.wait(30)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -253,7 +261,14 @@ def big_host() -> list[dict]:
     return rows
 
 
+def sampler_command(proc: Path, cgroup_root: Path, mode: str, leaders: str) -> list[str]:
+    """The child's command line, run from the repository root: as a module, like every benchmark,
+    so that it imports `agent` from the checkout (a script's own folder, bench/, would not hold it)."""
+    return [sys.executable, "-m", "bench.agent_cost", "--sample-fixture", str(proc), str(cgroup_root), mode, leaders]
+
+
 def _ask(child: subprocess.Popen) -> dict:
+    assert child.stdin is not None and child.stdout is not None  # both PIPE
     child.stdin.write("sample\n")
     child.stdin.flush()
     return json.loads(child.stdout.readline())
@@ -268,9 +283,12 @@ def sample_fixture(proc: str, cgroup_root: str, mode: str, leaders: str) -> None
     from agent.load import Sampler
 
     groups = {f"e{i}": int(pid) for i, pid in enumerate(leaders.split(","))}
-    placements = {}
+    placements: dict[str, cgroups.Placement] = {}
     if mode == "cgroup":
-        placements = {shard: cgroups.Cgroups(Path(cgroup_root)).place(shard) for shard in groups}
+        for shard in groups:
+            placement = cgroups.Cgroups(Path(cgroup_root)).place(shard)
+            if placement is not None:
+                placements[shard] = placement
     sampler = Sampler(Path(proc))
     first = True
     for _ in sys.stdin:
@@ -285,10 +303,23 @@ def sample_fixture(proc: str, cgroup_root: str, mode: str, leaders: str) -> None
         first = False
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--big-host", action="store_true", help="only the sampler on a 100,000-process fixture")
+    parser.add_argument(
+        "--sample-fixture",
+        nargs=4,
+        metavar=("PROC", "CGROUP_ROOT", "MODE", "LEADERS"),
+        help="the big host's child: answer each line on stdin with one sample (started by the benchmark itself)",
+    )
+    return parser.parse_args(argv)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--sample-fixture"]:
-        sample_fixture(*sys.argv[2:6])
-    elif sys.argv[1:2] == ["--big-host"]:
+    args = parse_args()
+    if args.sample_fixture:
+        sample_fixture(*args.sample_fixture)
+    elif args.big_host:
         write_results("agent_cost_big_host", big_host())
     else:
         main()

@@ -26,6 +26,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from functools import partial
 from pathlib import Path
 
 import psutil
@@ -167,11 +168,11 @@ def main() -> None:
                 wait_until(lambda: stream.tokens > 0, 300, "a first answer")
                 for _ in range(WARMUP_BEATS):
                     seen = plane.accepted()
-                    wait_until(lambda seen=seen: plane.accepted() > seen, 10, "a heartbeat", interval=0.002)
+                    wait_until(partial(plane.accepted_more_than, seen), 10, "a heartbeat", interval=0.002)
                 rows = []  # (reported cores, reported rss, interval, psutil cpu s, psutil rss, agent cpu ns)
                 for _ in range(WINDOW_BEATS + 1):
                     seen = plane.accepted()
-                    wait_until(lambda seen=seen: plane.accepted() > seen, 10, "a heartbeat", interval=0.002)
+                    wait_until(partial(plane.accepted_more_than, seen), 10, "a heartbeat", interval=0.002)
                     # The heartbeat just arrived: the agent's window ended a moment ago; read ours now.
                     cpu, rss = group_cpu_and_rss(pid)
                     reported = shard_load(list(plane.heartbeats)[-1])

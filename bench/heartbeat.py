@@ -177,7 +177,7 @@ def prometheus_scrapes(port: int, since: float, until: float) -> dict:
         ("samples", 'scrape_samples_scraped{job="llmgw"}'),
     ):
         response = requests.get(
-            f"http://127.0.0.1:{port}/api/v1/query", params={"query": query, "time": until}, timeout=10
+            f"http://127.0.0.1:{port}/api/v1/query", params={"query": query, "time": str(until)}, timeout=10
         )
         result = response.json()["data"]["result"]
         figures[name] = float(result[0]["value"][1]) if result else float("nan")
@@ -215,15 +215,20 @@ class Run:
 
     def __init__(self, stack: Stack, fleet: PacedFleet):
         self.stack, self.fleet = stack, fleet
-        part = stack.parts.get
+
+        def pids(name: str) -> list[int]:
+            """The part's pid, or none if the stack did not start it (Redis or Prometheus already running)."""
+            part = stack.parts.get(name)
+            return [part.pid] if part is not None else []
+
         self.meter = Meter(
             {
-                "proxy": lambda: [part("proxy").process.pid],
-                "web": lambda: tree(part("web").process.pid),
-                "redis": lambda: [part("redis").process.pid] if part("redis") else [],
-                "celery": lambda: tree(part("celery").process.pid) if part("celery") else [],
+                "proxy": lambda: pids("proxy"),
+                "web": lambda: tree(*pids("web")),
+                "redis": lambda: pids("redis"),
+                "celery": lambda: tree(*pids("celery")),
                 "postgres": lambda: postgres_backends(DATABASE),
-                "prometheus": lambda: [part("prometheus").process.pid] if part("prometheus") else [],
+                "prometheus": lambda: pids("prometheus"),
                 "generator": lambda: tree(*fleet.pids),
             }
         )

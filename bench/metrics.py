@@ -156,7 +156,7 @@ def measure(size: int, env: dict[str, str], var: Path, scrapes: int) -> list[dic
     stack = Stack(var / f"stack-{size}", env=env, web_port=free_port(), workers=1)
     stack.start_web()
     try:
-        master = psutil.Process(stack.parts["web"].process.pid)
+        master = psutil.Process(stack.parts["web"].pid)
         worker = master.children()[0]
         url = f"http://127.0.0.1:{stack.web_port}/metrics"
         output = var / f"scrape-{size}.txt"

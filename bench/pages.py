@@ -21,6 +21,7 @@ template. The cluster page asks that Prometheus for its alerts too.
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -29,7 +30,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 from devstack.redis_server import RedisServer
 
@@ -65,13 +69,17 @@ def median_ms(client, url: str, before=None, **extra) -> tuple[float, float]:
     return statistics.median(wall), statistics.median(cpu)
 
 
+def _load_average(i: int, window: int) -> float:
+    return 1 + (i % 13) / window
+
+
 def week_of_figures(node_id: str, now: float) -> str:
     """OpenMetrics text holding a week of the node page's series for one node, a sample a minute."""
-    families = {
+    families: dict[str, list[tuple[str, Callable[[int], float]]]] = {
         "llmgw_node_cpu_utilization_percent": [("", lambda i: 30 + i % 50)],
         "llmgw_node_memory_used_bytes": [("", lambda i: 2**37 + (i % 97) * 2**30)],
         "llmgw_node_memory_available_bytes": [("", lambda i: 2**38)],
-        "llmgw_node_load": [(f',window="{w}"', lambda i, w=w: 1 + (i % 13) / w) for w in (1, 5, 15)],
+        "llmgw_node_load": [(f',window="{w}"', partial(_load_average, window=w)) for w in (1, 5, 15)],
         "llmgw_shard_cpu_cores": [(',model="llama-3-70b",shard="s0"', lambda i: 2 + i % 5)],
         "llmgw_shard_memory_bytes": [(',model="llama-3-70b",shard="s0"', lambda i: 2**35)],
     }
@@ -164,7 +172,7 @@ def run() -> int:
     client.force_login(user)
     htmx = {"HTTP_HX_REQUEST": "true"}
 
-    results = []
+    results: list[dict[str, Any]] = []
 
     def record(name: str, values: tuple[float, float], target: float | None) -> None:
         wall, cpu = values
@@ -239,4 +247,6 @@ def engine() -> str:
 
 
 if __name__ == "__main__":
+    # No options: --help says what it measures, as every benchmark's does.
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     sys.exit(main())

@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -71,7 +72,7 @@ def reset() -> None:
     Deployment.objects.update(next_ordinal=1)
 
 
-def timed_pass() -> tuple[float, float, int, object]:
+def timed_pass() -> tuple[float, float, int, Any]:
     """Wall time, this process's CPU time (what the pass costs whatever else runs), queries, result."""
     from django.db import connection, reset_queries
     from django.test.utils import CaptureQueriesContext
@@ -219,7 +220,7 @@ def main() -> int:
     # SQLite's figures are the default file; another database's go beside it.
     out = ROOT / "bench" / "results" / ("placement.json" if vendor == "sqlite" else f"placement-{vendor}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps([{**f, "name": f["name"].strip()} for f in figures], indent=2) + "\n")
+    out.write_text(json.dumps([{**f, "name": str(f["name"]).strip()} for f in figures], indent=2) + "\n")
     return 0 if statistics.median(passes) < TARGET_SECONDS else 1
 
 

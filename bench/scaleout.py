@@ -109,16 +109,18 @@ class RetryingFleet(Fleet):
 
 def liveness_changes(database_url: str, since: float) -> int:
     with psycopg.connect(database_url) as conn:
-        (count,) = conn.execute(
+        row = conn.execute(
             "SELECT count(*) FROM inventory_nodeevent WHERE kind = 'liveness' AND at >= to_timestamp(%s)", (since,)
         ).fetchone()
-    return count
+    assert row is not None  # a count has a row
+    return row[0]
 
 
 def nodes_alive(database_url: str) -> int:
     with psycopg.connect(database_url) as conn:
-        (count,) = conn.execute("SELECT count(*) FROM inventory_node WHERE liveness = 'alive'").fetchone()
-    return count
+        row = conn.execute("SELECT count(*) FROM inventory_node WHERE liveness = 'alive'").fetchone()
+    assert row is not None  # a count has a row
+    return row[0]
 
 
 def percentile(values: list[float], share: float) -> float:
@@ -143,7 +145,7 @@ class ScaleOut:
     def start(self) -> None:
         a = self.args
         if a.private_postgres:
-            self.postgres = PrivatePostgres("llmgw_bench_scaleout").start()
+            self.postgres: PrivatePostgres | SharedPostgres = PrivatePostgres("llmgw_bench_scaleout").start()
         else:
             self.postgres = SharedPostgres(f"{a.postgres}/llmgw_bench_scaleout", []).start()
         self.join_token = secrets.token_urlsafe(32)
@@ -183,7 +185,7 @@ class ScaleOut:
         }
 
     def proxy_cpu(self) -> float:
-        times = psutil.Process(self.stack.parts["proxy"].process.pid).cpu_times()
+        times = psutil.Process(self.stack.parts["proxy"].pid).cpu_times()
         return times.user + times.system
 
     def state_of(self, server: str) -> str:

@@ -111,7 +111,7 @@ class Soak:
     def start_stack(self) -> None:
         args = self.args
         if args.private_postgres:
-            self.postgres = PrivatePostgres().start()
+            self.postgres: PrivatePostgres | SharedPostgres = PrivatePostgres().start()
         else:
             self.postgres = SharedPostgres(args.database_url, args.postgres_restart.split()).start()
         self.web_port, self.prometheus_port, redis_port = free_port(), free_port(), free_port()

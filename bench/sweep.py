@@ -26,6 +26,7 @@ import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -96,7 +97,7 @@ def hold_heartbeats(ids: list[str]) -> None:
     pipe.execute()
 
 
-def timed_sweep() -> tuple[float, float, int, object]:
+def timed_sweep() -> tuple[float, float, int, Any]:
     """Wall time, this process's CPU time (SQLite's included, PostgreSQL's not), queries, result."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext

@@ -59,7 +59,7 @@ def main() -> int:
     sys.stdout.flush()
     while not stopping:
         for part in stack.parts.values():
-            if part.process.poll() is not None:
+            if part.process is not None and part.process.poll() is not None:
                 print(
                     f"llmgw: {part.name} exited with {part.process.returncode}; see {stack.logs / part.name}.log",
                     file=sys.stderr,

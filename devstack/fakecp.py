@@ -47,6 +47,10 @@ class FakeControlPlane:
         with self.lock:
             return len(self.heartbeats)
 
+    def accepted_more_than(self, seen: int) -> bool:
+        """Whether a heartbeat arrived since `accepted()` said `seen`: wait_until(partial(this, seen))."""
+        return self.accepted() > seen
+
     def _handler(self):
         plane = self
 

@@ -45,6 +45,13 @@ class Part:
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
 
+    @property
+    def pid(self) -> int:
+        """The started process's pid."""
+        if self.process is None:
+            raise RuntimeError(f"{self.name} was never started")
+        return self.process.pid
+
 
 class Stack:
     """The stack's processes, started in order and stopped in reverse."""
@@ -75,12 +82,15 @@ class Stack:
             proxy.Backend("web" if i == 0 else f"web-{i}", free_port(), self.workers) for i in range(web_instances)
         ]
         self.stats_socket = var_dir / "haproxy.sock"
-        if not self.env.get("LLMGW_JOIN_TOKEN") and not self.env.get("LLMGW_JOIN_TOKEN_FILE"):
-            token_file = var_dir / "join-token"
-            if not token_file.exists():
-                token_file.write_text(secrets.token_urlsafe(32))
-                token_file.chmod(0o600)
-            self.env["LLMGW_JOIN_TOKEN_FILE"] = str(token_file)
+        # The local agent's config (setup_demo) reads the cluster's join token from var/join-token.
+        self.join_token_file = var_dir / "join-token"
+        given = given_join_token(self.env)
+        if given:
+            write_secret(self.join_token_file, given)
+        else:
+            if not self.join_token_file.exists():
+                write_secret(self.join_token_file, secrets.token_urlsafe(32))
+            self.env["LLMGW_JOIN_TOKEN_FILE"] = str(self.join_token_file)
         self.parts: dict[str, Part] = {}
         # One-shot helpers (the demo's model fetch): stopped with the stack, never waited for.
         self.background: list[subprocess.Popen] = []
@@ -233,12 +243,13 @@ class Stack:
             start_new_session=True,
         )
         self.parts[part.name] = part
-        if part.ready is not None:
+        ready, process = part.ready, part.process
+        if ready is not None:
 
             def ready_or_dead() -> bool:
-                if part.process.poll() is not None:
-                    raise RuntimeError(f"{part.name} exited with {part.process.returncode}; see {log.name}")
-                return part.ready()
+                if process.poll() is not None:
+                    raise RuntimeError(f"{part.name} exited with {process.returncode}; see {log.name}")
+                return ready()
 
             wait_until(ready_or_dead, timeout, f"{part.name} to be ready")
 
@@ -271,12 +282,20 @@ class Stack:
         result = self.manage(*ensure_admin_arguments(password), capture=True)
         return password if "created" in result.stdout else None
 
-    def start_all(self) -> None:
-        self.start(self.redis_part())
-        self.start_web()
-        self.start(self.celery_part())
-        self.start(self.prometheus_part())
-        self.start(self.agent_part())
+
+def given_join_token(env: dict[str, str]) -> str:
+    """The join token the environment gives the control plane, read as its settings read it (the file first)."""
+    if env.get("LLMGW_JOIN_TOKEN_FILE"):
+        return Path(env["LLMGW_JOIN_TOKEN_FILE"]).read_text().strip()
+    return env.get("LLMGW_JOIN_TOKEN", "")
+
+
+def write_secret(path: Path, value: str) -> None:
+    """`value` into `path`, readable by its owner only, whatever the file held before."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(value)
+    path.chmod(0o600)
 
 
 def ensure_admin_arguments(password: str) -> list[str]:

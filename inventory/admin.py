@@ -464,7 +464,7 @@ class AllocationAdmin(admin.ModelAdmin):
 
 
 def replica_badge(state: str):
-    return format_html('<span class="llmgw-badge llmgw-{}">{}</span>', REPLICA_COLOURS[state], state)
+    return format_html('<span class="llmgw-badge llmgw-{}">{}</span>', REPLICA_COLOURS[ReplicaState(state)], state)
 
 
 class ReplicaInline(ReadOnlyInline):

@@ -48,16 +48,6 @@ def from_cache(
     return Orders(cached.specs, cached.engines)
 
 
-def sync_node(
-    node_id: str,
-    reports: Iterable[protocol.ShardStatus] | None = None,
-    use_cache: bool = True,
-    version: tuple[int, int] | None = None,
-) -> list[protocol.ShardSpec]:
-    """Apply the agent's shard reports (None: no report to apply), then return the shards it should run."""
-    return orders(node_id, reports, use_cache, version).shards
-
-
 def orders(
     node_id: str,
     reports: Iterable[protocol.ShardStatus] | None = None,

@@ -6,7 +6,7 @@ duplicated sweep does nothing twice. Admin state is never touched here.
 
 A heartbeat writes no database row while Redis is up, whatever the node's
 liveness: its time goes into one Redis hash (`livestate.heartbeats`), and
-`flush_heartbeats` moves the whole hash into `Node.last_heartbeat` with a few
+`flush` moves the whole hash into `Node.last_heartbeat` with a few
 bulk UPDATEs, and brings back to life, in bulk, every unreachable or lost node
 found in it. The sweep flushes first, so it never judges a node by a time older
 than the one Redis holds. Only while Redis is down does a heartbeat go to the
@@ -44,8 +44,8 @@ from django.utils import timezone
 from inventory.events import change_and_record
 from inventory.models import RUN_STATES, Allocation, Liveness, Node, NodeEvent, ReplicaState, Shard
 from inventory.replicas import fail_replicas
+from lib.logs import OccasionalWarning
 from livestate import cards, heartbeats
-from llmgw_site.logs import OccasionalWarning
 
 log = logging.getLogger(__name__)
 
@@ -86,16 +86,8 @@ def touch(node: Node, now: datetime | None = None) -> Node:
     return node
 
 
-def flush_heartbeats(now: datetime | None = None) -> int:
-    """Write the heartbeat times held in Redis to the database in bulk, and revive the nodes among them.
-
-    Returns how many times it wrote (`flush` tells which nodes it revived too).
-    """
-    return flush(now).times
-
-
 def flush(now: datetime | None = None) -> Flushed:
-    """`flush_heartbeats`, telling which nodes it revived.
+    """Write the heartbeat times held in Redis to the database in bulk, and revive the nodes among them.
 
     The hash is taken and emptied in one transaction, so a heartbeat arriving
     meanwhile lands in a fresh hash for the next flush. If the database refuses

@@ -148,7 +148,9 @@ class Planner:
             return None
         best: tuple[int, str, list[tuple[str, int]]] | None = None
         for fabric, heap in sorted(self._fabric_heaps().items()):
-            chosen, taken, remaining = [], [], self.profile.shards
+            chosen: list[tuple[str, int]] = []
+            taken: list[tuple] = []
+            remaining = self.profile.shards
             while remaining and self._top(heap, self._fabric_key) is not None:
                 key = heapq.heappop(heap)
                 if any(node_id == key[-1] for node_id, _ in chosen):

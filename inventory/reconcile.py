@@ -130,7 +130,7 @@ def _finish_releases(now: datetime, result: ReconcileResult) -> None:
 
 def _fail_stranded(now: datetime, result: ReconcileResult) -> None:
     stranded = Shard.objects.filter(state__in=RUN_STATES).filter(Q(node__isnull=True) | Q(node__liveness=Liveness.LOST))
-    reasons = {}
+    reasons: dict[str, str] = {}
     for replica_id, node_id in stranded.values_list("replica__replica_id", "node_id"):
         reasons.setdefault(replica_id, f"node {node_id} lost" if node_id else "its node was removed")
     for replica_id, reason in sorted(reasons.items()):
@@ -151,7 +151,7 @@ def _fail_uninstallable(now: datetime, result: ReconcileResult) -> None:
     if not waiting:
         return
     blocked = engine_wants.blocked_installs({node_id for _, node_id, _, _ in waiting})
-    reasons = {}
+    reasons: dict[str, str] = {}
     for replica_id, node_id, engine, gpus in waiting:
         why = blocked.get(node_id, {}).get((engine, engine_wants.variant(gpus)))
         if why:

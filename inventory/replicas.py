@@ -12,6 +12,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.db import transaction
 from django.db.models import Exists, F, OuterRef, Q
@@ -236,10 +237,11 @@ class ReportEffects:
         return bool(self.changed or self.stopped or self.failed)
 
 
-def read_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.ShardStatus]) -> ReportEffects:
+def read_reports(node_id: str, shards: list[Any], reports: Iterable[protocol.ShardStatus]) -> ReportEffects:
     """Compare a node's shards with what its agent says of them.
 
-    `shards` are the node's shards that are meant to run or being released.
+    `shards` are the node's shards that are meant to run or being released: `Shard`
+    rows, or the shard-list cache's `ShardFacts` (the same attribute names).
     A report is the whole truth: a releasing shard it does not list has
     stopped, and a started shard it does not list is no longer running.
     """
@@ -292,11 +294,6 @@ def apply_reports(effects: ReportEffects) -> set[str]:
     return set(effects.stopped) | effects.failed_shards
 
 
-def record_reports(node_id: str, shards: list[Shard], reports: Iterable[protocol.ShardStatus]) -> set[str]:
-    """Apply what a node's agent says of its shards, writing only what changed."""
-    return apply_reports(read_reports(node_id, shards, reports))
-
-
 def roll_up(replica_pks: Iterable[int], now: datetime | None = None) -> None:
     """A replica runs when all its shards run; it is starting while any has begun."""
     now = now or timezone.now()
@@ -338,7 +335,7 @@ def _describe_failure(status: protocol.ShardStatus) -> str:
 
 
 def _describe(status: protocol.ShardStatus) -> str:
-    words = [status.state]
+    words: list[str] = [status.state]
     if status.exit_code is not None:
         words.append(f"exit code {status.exit_code}")
     if status.restarts:

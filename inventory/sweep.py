@@ -44,9 +44,9 @@ from django.utils import timezone
 
 from inventory.liveness import MIN_DISRUPTED_NODES, SweepResult, mark_stale
 from inventory.models import Liveness, Node
+from lib.logs import OccasionalWarning
 from livestate import locks, sweeprecord
 from livestate.sweeprecord import SweepRecord
-from llmgw_site.logs import OccasionalWarning
 
 log = logging.getLogger(__name__)
 

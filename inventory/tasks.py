@@ -30,6 +30,7 @@ def mark_stale() -> dict:
         selfmetrics.record(selfmetrics.sweep_skipped_fields())
         return {"skipped": outcome.skipped}
     result = outcome.result
+    assert result is not None, "a sweep that was not skipped has a result"
     selfmetrics.record(
         selfmetrics.sweep_fields(
             len(result.unreachable),

@@ -25,6 +25,7 @@ import logging
 import msgspec
 import redis
 from django.db import transaction
+from redis.client import Pipeline
 
 import livestate
 from livestate import keys
@@ -55,7 +56,7 @@ def decode(raw: bytes) -> NodeCard:
     return _decoder.decode(raw)
 
 
-def store(pipe, card: NodeCard) -> None:
+def store(pipe: Pipeline, card: NodeCard) -> None:
     """Queue the card on a pipeline the caller sends anyway."""
     pipe.set(keys.card(card.node_id), _encoder.encode(card), ex=CARD_TTL_SECONDS)
 

@@ -14,6 +14,8 @@ import math
 import time
 
 import redis
+from redis import Redis
+from redis.client import Pipeline
 
 import livestate
 from livestate import keys
@@ -68,7 +70,7 @@ def sweep_skipped_fields() -> dict[str, float]:
     return {"sweeps:skipped": 1}
 
 
-def add(pipe, fields: dict[str, float]) -> None:
+def add(pipe: Pipeline | Redis, fields: dict[str, float]) -> None:
     """Queue increments on a pipeline (or client); integers stay integers."""
     for name, value in fields.items():
         if isinstance(value, int) and not name.endswith(":sum"):
@@ -123,6 +125,6 @@ def read(raw: dict[bytes, bytes]) -> dict[str, float]:
     return values
 
 
-def queue_read(pipe) -> None:
+def queue_read(pipe: Pipeline) -> None:
     """Queue the read of every counter on a pipeline the caller sends anyway; `read` decodes the answer."""
     pipe.hgetall(keys.SELF_METRICS)

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 
 import redis
 from django.db import transaction
+from redis.client import Pipeline
 
 import livestate
 from livestate import keys
@@ -48,11 +49,11 @@ def _incr(fields: list[str]) -> None:
         log.warning("could not bump the shard versions: %s", exc)
 
 
-def queue_read(pipe, node_id: str) -> None:
+def queue_read(pipe: Pipeline, node_id: str) -> None:
     """Queue the read of the node's counter and every node's on a pipeline; `parse` reads the answer."""
     pipe.hmget(keys.SHARD_VERSIONS, [node_id, EVERY_NODE])
 
 
-def parse(answer) -> tuple[int, int]:
+def parse(answer: list[bytes | None]) -> tuple[int, int]:
     mine, everyone = answer
     return int(mine or 0), int(everyone or 0)

@@ -11,12 +11,17 @@ from __future__ import annotations
 import ipaddress
 import os
 from pathlib import Path
+from typing import overload
 
 
 class EnvError(Exception):
     """A variable is set to something its reader does not accept."""
 
 
+@overload
+def env_str(name: str, default: str) -> str: ...
+@overload
+def env_str(name: str, default: None = None) -> str | None: ...
 def env_str(name: str, default: str | None = None) -> str | None:
     file_path = os.environ.get(f"{name}_FILE")
     if file_path:

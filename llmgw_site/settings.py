@@ -98,7 +98,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     # POST /api/v1/heartbeat never reaches this chain: llmgw_site/wsgi.py answers it first (nodes/api/fastpath.py).
-    "llmgw_site.access_log.AccessLogMiddleware",
+    "llmgw_site.middleware.AccessLogMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "llmgw_site.security.SecurityHeadersMiddleware",

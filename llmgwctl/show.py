@@ -22,6 +22,8 @@ def _gpus(row: dict) -> str:
 
 
 def nodes(rows: list[dict], wide: bool = False, width: int = 80) -> str:
+    headers: tuple[str, ...]
+    cells: list[tuple]
     if not wide:
         headers = ("NODE", "STATE", "CPU", "RAM", "GPUS FREE", "HEARTBEAT")
         cells = [

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from typing import TypedDict
+from typing import TypedDict, TypeVar
+
+T = TypeVar("T")
 
 
 class Series(TypedDict):
@@ -27,26 +29,24 @@ def _kind(value: object) -> str:
     return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(type(value), "a number")
 
 
-def _expect(value: object, kind: type, where: str) -> None:
+def _expect(value: object, kind: type[T], where: str) -> T:
+    """`value`, if it is a `kind` (dict or list); raises WrongShape."""
     if not isinstance(value, kind) or isinstance(value, bool):
         wanted = "an object" if kind is dict else "a list"
         raise WrongShape(f"{where} is {_kind(value)}, not {wanted}")
+    return value
 
 
 def _data(body: dict) -> dict:
-    data = body.get("data")
-    _expect(data, dict, "data")
-    return data
+    return _expect(body.get("data"), dict, "data")
 
 
 def _objects(data: dict, name: str) -> Iterator[tuple[str, dict]]:
     """Each object of the list `data.<name>`, with the place it stands at; raises WrongShape."""
-    listed = data.get(name)
-    _expect(listed, list, f"data.{name}")
+    listed = _expect(data.get(name), list, f"data.{name}")
     for i, item in enumerate(listed):
         where = f"data.{name}[{i}]"
-        _expect(item, dict, where)
-        yield where, item
+        yield where, _expect(item, dict, where)
 
 
 def _point(point: object, where: str) -> tuple[float, float]:
@@ -72,12 +72,8 @@ def matrix(body: dict) -> list[Series]:
         raise WrongShape(f"data.resultType is {data.get('resultType')!r}, not 'matrix'")
     checked = []
     for where, series in _objects(data, "result"):
-        metric = series.get("metric")
-        _expect(metric, dict, f"{where}.metric")
-        if not all(isinstance(v, str) for v in metric.values()):
-            raise WrongShape(f"{where}.metric has a label whose value is not a string")
-        values = series.get("values")
-        _expect(values, list, f"{where}.values")
+        metric = _strings(series.get("metric"), f"{where}.metric")
+        values = _expect(series.get("values"), list, f"{where}.values")
         points = [_point(point, f"{where}.values[{j}]") for j, point in enumerate(values)]
         checked.append(Series(metric=metric, values=points))
     return checked
@@ -92,10 +88,10 @@ class AlertShape(TypedDict):
 
 
 def _strings(value: object, where: str) -> dict[str, str]:
-    _expect(value, dict, where)
-    if not all(isinstance(v, str) for v in value.values()):
+    checked = _expect(value, dict, where)
+    if not all(isinstance(v, str) for v in checked.values()):
         raise WrongShape(f"{where} has a value that is not a string")
-    return value
+    return checked
 
 
 def alerts(body: dict) -> list[AlertShape]:
@@ -131,10 +127,7 @@ def vector(body: dict) -> list[Sample]:
         raise WrongShape(f"data.resultType is {data.get('resultType')!r}, not 'vector'")
     checked = []
     for where, sample in _objects(data, "result"):
-        metric = sample.get("metric")
-        _expect(metric, dict, f"{where}.metric")
-        if not all(isinstance(v, str) for v in metric.values()):
-            raise WrongShape(f"{where}.metric has a label whose value is not a string")
+        metric = _strings(sample.get("metric"), f"{where}.metric")
         _, value = _point(sample.get("value"), f"{where}.value")
         checked.append(Sample(metric=metric, value=value))
     return checked

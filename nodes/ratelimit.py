@@ -45,9 +45,9 @@ import redis
 from django.conf import settings
 from django.http import HttpRequest
 
+from lib.logs import OccasionalWarning
 from livestate import keys, limits
 from livestate.limits import Limiter
-from llmgw_site.logs import OccasionalWarning
 from nodes.api.rejections import Rejected
 
 log = logging.getLogger(__name__)

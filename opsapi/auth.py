@@ -55,10 +55,6 @@ class TokenAuthentication(BaseAuthentication):
         return 'Bearer realm="llmgw"'
 
 
-def token_of(request: Request) -> ApiToken:
-    return request.auth
-
-
 class ReadOrOperate(permissions.BasePermission):
     """Any token may read; changing anything needs an `operate` token of a staff user."""
 

@@ -18,7 +18,7 @@ from inventory.models import (
     ReplicaState,
     Shard,
 )
-from nodes.views.loads import fetch_readings, heartbeat_age
+from nodes.loads import fetch_readings, heartbeat_age
 from opsapi.nodelist import load_fields
 
 EVENTS_SHOWN = 20
@@ -116,7 +116,7 @@ def node_detail(node: Node, now: float) -> dict:
     shards = list(Shard.objects.filter(node=node).order_by().values_list("shard_id", "state", "replica_id"))
     states = {shard_id: state for shard_id, state, _ in shards}
     loaded = load_fields(reading)
-    if loaded["load"] is not None:
+    if loaded["load"] is not None and reading.load is not None:
         loaded["load"]["shards"] = [
             {"shard": s.shard, "cpu_cores": s.cpu_cores, "rss_bytes": s.rss_bytes} for s in reading.load.shards
         ]

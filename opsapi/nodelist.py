@@ -1,7 +1,8 @@
 """The nodes list: the cluster table's filters and sort, with figures as numbers instead of text.
 
-Filtering and sorting (`TableQuery`, `sorted_nodes`) are the cluster page's
-own, so the API and the page list the same nodes in the same order. The rest
+Filtering and sorting (`TableQuery`, `sorted_nodes`) are nodes/filtersets.py's,
+shared with the cluster page, so the API and the page list the same nodes in
+the same order. The rest
 of a page costs the same few queries whatever the fleet's size: the page of
 nodes, their count, and one query each for their GPUs, GPU claims, disks and
 placed shards.
@@ -15,8 +16,8 @@ from django.db.models import Count
 
 from inventory.models import GPU, Allocation, Filesystem, GPUClaim, Node
 from inventory.models.gpus import HEALTH_OK
-from nodes.views.cluster import TableQuery, sorted_nodes
-from nodes.views.loads import Reading, fetch_readings, heartbeat_age
+from nodes.filtersets import TableQuery, sorted_nodes
+from nodes.loads import Reading, fetch_readings, heartbeat_age
 
 
 def table_query(params: dict) -> TableQuery:
@@ -34,8 +35,8 @@ def table_query(params: dict) -> TableQuery:
 
 def page_of_nodes(query: TableQuery, page_size: int, now: float) -> tuple[list[Node], int]:
     """One page of matching nodes in the table's order, and how many match in all."""
-    count, between = sorted_nodes(query, now)
-    return between((query.page - 1) * page_size, query.page * page_size), count
+    found = sorted_nodes(query, now)
+    return found.page(query.page, page_size), found.count
 
 
 def load_fields(reading: Reading) -> dict:

@@ -206,6 +206,7 @@ def demo() -> int:
     try:
         stack.start(stack.redis_part())
         password = stack.prepare()
+        assert password is not None, "a fresh var/ gets a new admin user"
         stack.start_web()
         seed_demo_fleet(var, stack.env["REDIS_URL"])
         save_demo_loads()

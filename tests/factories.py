@@ -44,7 +44,7 @@ H100 = "NVIDIA H100 80GB HBM3"
 H100_BYTES = 80 * 2**30
 MODEL = "meta-llama/Llama-3.1-70B-Instruct"
 # How long ago a node in each liveness last beat, so the stale sweep agrees with it.
-SILENT_FOR = {Liveness.ALIVE: 1, Liveness.UNREACHABLE: 60, Liveness.LOST: 600}
+SILENT_FOR: dict[str, int] = {Liveness.ALIVE: 1, Liveness.UNREACHABLE: 60, Liveness.LOST: 600}
 
 # -- one node at a time, through registration ----------------------------------------------------
 

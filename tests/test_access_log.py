@@ -11,7 +11,7 @@ import requests
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from devstack.stack import web_server_command
-from llmgw_site.access_log import worth_logging
+from lib.access_log import worth_logging
 
 ROOT = Path(__file__).resolve().parent.parent
 

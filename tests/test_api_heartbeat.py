@@ -8,7 +8,7 @@ import time_machine
 from django.utils import timezone
 
 from agent import protocol
-from inventory.liveness import flush_heartbeats
+from inventory.liveness import flush
 from inventory.models import AdminState, Liveness, Node, NodeEvent
 from livestate import keys, loadstore, selfmetrics
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
@@ -56,7 +56,7 @@ def test_an_unchanged_heartbeat_touches_no_database_row_until_the_flush(
         reply_of(heartbeat(client, token, protocol.Heartbeat(load=a_load(), inventory_hash="hash-1")))
 
     assert Node.objects.get(pk="gpu-1").last_heartbeat < timezone.now() - timedelta(seconds=19)
-    assert flush_heartbeats() == 1
+    assert flush().times == 1
     assert timezone.now() - Node.objects.get(pk="gpu-1").last_heartbeat < timedelta(seconds=5)
     assert not redis_client.exists(keys.HEARTBEATS)
 
@@ -66,7 +66,7 @@ def test_the_flush_never_moves_a_heartbeat_time_back(client, token):
     later = timezone.now() + timedelta(seconds=30)
     Node.objects.filter(pk="gpu-1").update(last_heartbeat=later)
 
-    flush_heartbeats()
+    flush()
 
     assert Node.objects.get(pk="gpu-1").last_heartbeat == later
 
@@ -126,7 +126,7 @@ def test_a_heartbeat_brings_a_silent_node_back_at_once_keeping_its_cordon(
         reply = reply_of(heartbeat(client, token, protocol.Heartbeat()))
     # The reply says alive at once; the database hears of it with the next flush, in bulk.
     assert Node.objects.get(pk="gpu-1").liveness == liveness
-    flush_heartbeats()
+    flush()
 
     node = Node.objects.get(pk="gpu-1")
     assert node.liveness == Liveness.ALIVE

@@ -11,7 +11,7 @@ from django.test import override_settings
 
 from agent import protocol
 from devstack.faults import redis_unreachable
-from inventory.desired import sync_node
+from inventory.desired import orders
 from inventory.models import Allocation, Deployment, Engine, GPUClaim, Node, Replica, ReplicaState, Shard
 from inventory.reconcile import reconcile
 from tests.factories import deployment, node
@@ -24,8 +24,8 @@ TARGETS = "/api/v1/prometheus/targets"
 def run_everything() -> None:
     """Every agent reports every shard it was given as running."""
     for node_id in set(Shard.objects.values_list("node_id", flat=True)):
-        given = sync_node(node_id)
-        sync_node(node_id, [protocol.ShardStatus(shard=s.shard, state="running", metrics_port=s.port) for s in given])
+        given = orders(node_id).shards
+        orders(node_id, [protocol.ShardStatus(shard=s.shard, state="running", metrics_port=s.port) for s in given])
 
 
 # -- what agents are told ------------------------------------------------------------------------
@@ -36,7 +36,7 @@ def test_a_multi_node_shard_gets_its_gpus_and_only_its_fabrics_adapters(db):
     node("b", gpus=8, fabrics={"ib-a": ["mlx5_2"]})
     deployment(shards_per_replica=2, gpus_per_shard=8, model_source="/models/llama-70b")
     reconcile()
-    spec_a, spec_b = sync_node("a")[0], sync_node("b")[0]
+    spec_a, spec_b = orders("a").shards[0], orders("b").shards[0]
     assert spec_a.env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3,4,5,6,7"
     assert spec_a.env["NCCL_IB_HCA"] == "mlx5_0,mlx5_1"
     assert spec_b.env["NCCL_IB_HCA"] == "mlx5_2"
@@ -57,7 +57,7 @@ def test_a_single_node_cpu_shard_sees_no_gpu_and_no_fabric(db):
         engine=Engine.LLAMA_CPP, gpus_per_shard=0, gpu_class="", cpu_cores_per_shard=8, arguments="--ctx-size 4096"
     )
     reconcile()
-    (spec,) = sync_node("a")
+    (spec,) = orders("a").shards
     assert spec.env["CUDA_VISIBLE_DEVICES"] == ""
     assert "NCCL_IB_HCA" not in spec.env
     assert spec.command[0] == "llama-server"
@@ -75,7 +75,7 @@ def test_the_command_engine_fills_in_port_and_model(db):
         arguments="my-server --listen 0.0.0.0:{port} --model '{model}'",
     )
     reconcile()
-    (spec,) = sync_node("a")
+    (spec,) = orders("a").shards
     assert spec.command == ["my-server", "--listen", f"0.0.0.0:{spec.port}", "--model", "tiny"]
 
 
@@ -83,7 +83,7 @@ def test_two_shards_on_one_node_get_distinct_ports_and_gpus(db):
     node("a", gpus=8)
     deployment(replicas=2, gpus_per_shard=4)
     reconcile()
-    specs = sync_node("a")
+    specs = orders("a").shards
     assert len({s.port for s in specs}) == 2
     assert {s.env["CUDA_VISIBLE_DEVICES"] for s in specs} == {"0,1,2,3", "4,5,6,7"}
 
@@ -92,18 +92,18 @@ def test_reports_move_shards_through_starting_to_running_and_write_only_on_chang
     node("a")
     deployment()
     reconcile()
-    (spec,) = sync_node("a")
-    sync_node("a", [protocol.ShardStatus(shard=spec.shard, state="starting")])
+    (spec,) = orders("a").shards
+    orders("a", [protocol.ShardStatus(shard=spec.shard, state="starting")])
     assert Replica.objects.get().state == ReplicaState.STARTING
-    sync_node("a", [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9100)])
+    orders("a", [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9100)])
     shard = Shard.objects.get()
     assert (shard.state, shard.metrics_port, shard.replica.state) == (ReplicaState.RUNNING, 9100, ReplicaState.RUNNING)
     # The same report again, twice: one read, then nothing at all from the database.
     same = [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9100)]
     with django_assert_num_queries(1):
-        sync_node("a", same)
+        orders("a", same)
     with django_assert_num_queries(0):
-        assert sync_node("a", same) == [spec]
+        assert orders("a", same).shards == [spec]
 
 
 def test_reports_of_shards_the_node_does_not_hold_change_nothing(db):
@@ -112,7 +112,7 @@ def test_reports_of_shards_the_node_does_not_hold_change_nothing(db):
     deployment(replicas=2)
     reconcile()
     other = Shard.objects.get(node_id="b")
-    sync_node("a", [protocol.ShardStatus(shard=other.shard_id, state="failed")])
+    orders("a", [protocol.ShardStatus(shard=other.shard_id, state="failed")])
     assert Replica.objects.filter(state=ReplicaState.FAILED).count() == 0
 
 
@@ -258,10 +258,10 @@ def test_a_running_shard_the_agent_no_longer_lists_goes_back_to_placed(db):
     node("a")
     deployment()
     reconcile()
-    (spec,) = sync_node("a")
-    sync_node("a", [protocol.ShardStatus(shard=spec.shard, state="running")])
+    (spec,) = orders("a").shards
+    orders("a", [protocol.ShardStatus(shard=spec.shard, state="running")])
     # The agent restarted and runs nothing yet; it is still told to run the shard.
-    assert sync_node("a", []) == [spec]
+    assert orders("a", []).shards == [spec]
     shard = Shard.objects.get()
     assert (shard.state, shard.reason) == (ReplicaState.PLACED, "not reported by the agent")
     assert shard.replica.state == ReplicaState.PLACED
@@ -271,13 +271,13 @@ def test_a_cached_node_sees_a_new_placement_on_its_next_heartbeat(db, django_ass
     node("a")
     d = deployment()
     reconcile()
-    first = sync_node("a", [])
+    first = orders("a", []).shards
     with django_assert_num_queries(0):
-        assert sync_node("a", []) == first
+        assert orders("a", []).shards == first
     d.replicas = 2
     d.save()
     reconcile()
-    assert len(sync_node("a", [])) == 2
+    assert len(orders("a", []).shards) == 2
 
 
 def test_without_redis_every_heartbeat_reads_the_database(db, settings, django_assert_num_queries):
@@ -287,7 +287,7 @@ def test_without_redis_every_heartbeat_reads_the_database(db, settings, django_a
     with redis_unreachable(settings):
         for _ in range(2):
             with django_assert_num_queries(1):
-                assert len(sync_node("a", [])) == 1
+                assert len(orders("a", []).shards) == 1
 
 
 def test_setup_demo_creates_a_demo_deployment_once_that_places_on_a_cpu_node(tmp_path, db):
@@ -298,7 +298,7 @@ def test_setup_demo_creates_a_demo_deployment_once_that_places_on_a_cpu_node(tmp
     assert (demo.name, demo.engine, demo.gpus_per_shard) == ("demo", Engine.DEMO, 0)
     reconcile()
     # The real model's deployment waits for its weights (tests/test_setup_demo.py); the laptop never scanned for any.
-    specs = [spec for spec in sync_node("laptop") if spec.engine == Engine.DEMO]
+    specs = [spec for spec in orders("laptop").shards if spec.engine == Engine.DEMO]
     assert len(specs) == demo.replicas
     for spec in specs:
         assert spec.command[:3] == ["python3", "-m", "agent.demo_engine"]
@@ -310,12 +310,12 @@ def test_a_change_on_one_node_leaves_the_other_nodes_cached(db, django_assert_nu
     node("b")
     d = deployment(replicas=2)
     reconcile()
-    a_before, b_before = sync_node("a", []), sync_node("b", [])
+    a_before, b_before = orders("a", []).shards, orders("b", []).shards
     (b_spec,) = b_before
-    sync_node("b", [protocol.ShardStatus(shard=b_spec.shard, state="running")])
+    orders("b", [protocol.ShardStatus(shard=b_spec.shard, state="running")])
     with django_assert_num_queries(0):
-        assert sync_node("a", []) == a_before
+        assert orders("a", []).shards == a_before
     # A deployment's new arguments reach every node.
     d.arguments = "--max-model-len 8192"
     d.save()
-    assert sync_node("a", [])[0].command[-2:] == ["--max-model-len", "8192"]
+    assert orders("a", []).shards[0].command[-2:] == ["--max-model-len", "8192"]

@@ -11,7 +11,7 @@ import pytest
 from devstack.polling import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-APPS = ("agent", "inventory", "nodes", "llmgw_site")
+APPS = ("agent", "inventory", "nodes", "llmgw_site", "lib")
 NOT_OURS = {".venv", ".git", "var", "static", "node_modules"}
 
 
@@ -20,7 +20,7 @@ def project_files() -> list[Path]:
 
 
 def imported_modules(path: Path) -> set[str]:
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

@@ -24,13 +24,13 @@ from agent.provision import Provisioner, Want
 from devstack.fakecp import FakeControlPlane
 from devstack.polling import wait_until
 from devstack.ports import free_port
-from inventory.management.commands.setup_demo import MODEL_DEPLOYMENT
+from inventory.management.commands.setup_demo import MODEL_ARGUMENTS
 from tests.agent.conftest import FAST
 
 pytestmark = pytest.mark.slow
 
 VERSION = engine_templates.PINNED["llama.cpp"]
-DEMO_ARGUMENTS = tuple(shlex.split(MODEL_DEPLOYMENT["arguments"]))
+DEMO_ARGUMENTS = tuple(shlex.split(MODEL_ARGUMENTS))
 # A cold build on two busy cores; a warm cache makes it seconds.
 BUILD_TIMEOUT = 45 * 60
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import pytest
-
 from agent import protocol
-from inventory.engine_wants import install_state, wants
-from inventory.models import Deployment, Engine, EngineInstall, Node, Replica, Shard
+from inventory.engine_wants import wants
+from inventory.models import Deployment, Engine, Replica, Shard
 
 
 def shard_of(engine: str, gpus: int) -> Shard:
@@ -29,19 +27,6 @@ def test_a_node_is_asked_for_the_engines_of_its_shards_once_each_with_the_varian
         protocol.EngineWant(engine="sglang", variant="cuda"),
     ]
     assert wants([]) == []
-
-
-@pytest.mark.django_db
-def test_the_install_state_is_what_the_agent_reported_the_most_hopeful_variant_first():
-    a = Node.objects.create(id="a", hostname="a.example")
-    assert install_state("a", "llama.cpp") == ("", "")
-    EngineInstall.objects.create(node=a, engine="llama.cpp", variant="cuda", state="unsupported", detail="no GPU")
-    EngineInstall.objects.create(node=a, engine="llama.cpp", variant="cpu", state="failed", detail="exit 2")
-    assert install_state("a", "llama.cpp") == ("failed", "exit 2")
-    EngineInstall.objects.create(node=a, engine="llama.cpp", version="0.3.36", variant="cpu", state="ready")
-    assert install_state("a", "llama.cpp") == ("ready", "")
-    # Engines llmgw does not install need nothing.
-    assert install_state("a", "demo") == ("ready", "")
 
 
 def test_a_shard_list_cached_without_engines_is_read_again_not_taken_as_wanting_none():

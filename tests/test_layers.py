@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("nodes", "opsapi", "inventory", "livestate", "agent", "llmgwctl", "llmgw_site", "devstack")
+PACKAGES = ("nodes", "opsapi", "inventory", "livestate", "agent", "llmgwctl", "llmgw_site", "lib", "devstack")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -52,6 +52,9 @@ def test_the_tree_keeps_every_contract():
         ("agent/wrong.py", "from django.conf import settings\n", "the agent runs on GPU machines"),
         ("llmgwctl/wrong.py", "import opsapi.models\n", "the llmgw command needs nothing of the server"),
         ("inventory/wrong.py", "import devstack.ports\n", "what runs in production never imports"),
+        ("livestate/wrong.py", "from llmgw_site import celery\n", "nothing below the site package imports it"),
+        ("nodes/wrong.py", "from llmgw_site.settings import DEBUG\n", "nothing below the site package imports it"),
+        ("lib/wrong.py", "import llmgwctl.main\n", "lib is the bottom"),
     ],
 )
 def test_a_wrong_import_breaks_its_contract(tmp_path, module, wrong_import, contract):

@@ -22,7 +22,7 @@ def report(*installs: protocol.EngineInstall) -> None:
     upsert_inventory("cpu-1", make_inventory("cpu-1.example", provision=list(installs)))
 
 
-def llama(state: str, detail: str = "") -> protocol.EngineInstall:
+def llama(state: protocol.InstallState, detail: str = "") -> protocol.EngineInstall:
     return protocol.EngineInstall(engine="llama.cpp", version="0.3.36", variant="cpu", state=state, detail=detail)
 
 

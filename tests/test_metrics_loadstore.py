@@ -26,6 +26,29 @@ def test_save_keeps_the_load_for_the_pages_and_its_text_for_metrics(redis_client
     assert 0 < redis_client.ttl(keys.load_lines("n1")) <= 120
 
 
+def test_freshness_is_one_rule_at_the_boundary_and_with_a_margin(settings):
+    settings.LLMGW_LOAD_MAX_AGE = 60
+    assert loadstore.is_fresh(1000.0, now=1060.0)
+    assert not loadstore.is_fresh(1000.0, now=1060.5)
+    # A render kept 20 s may only hold loads that stay fresh that long.
+    assert loadstore.is_fresh(1000.0, now=1040.0, margin=20)
+    assert not loadstore.is_fresh(1000.0, now=1041.0, margin=20)
+    # A margin longer than the age itself leaves out everything but a load of this instant.
+    assert not loadstore.is_fresh(1000.0, now=1001.0, margin=90)
+
+
+def test_figures_are_read_from_the_same_store_under_the_same_rule(redis_client, settings):
+    settings.LLMGW_LOAD_MAX_AGE = 60
+    load = protocol.Load(cpu_percent=50, cpus=8, load1=2.5, memory_used_bytes=1, memory_available_bytes=3)
+    loadstore.save("n1", load, received_at=1000.0)
+    loadstore.save("n2", load, received_at=900.0)
+    redis_client.set(keys.load("n3"), b"not msgpack")
+    figures = loadstore.fetch_figures(["n1", "n2", "n3", "n4"], now=1030.0)
+    assert list(figures) == ["n1"]
+    assert (figures["n1"].cpu_percent, figures["n1"].load1, figures["n1"].memory_fraction) == (50, 2.5, 0.25)
+    assert loadstore.fetch(["n3"], fresh_only=False, now=1030.0) == {}
+
+
 def test_save_on_a_callers_pipeline_sends_nothing_until_it_executes(redis_client):
     pipe = redis_client.pipeline(transaction=False)
     loadstore.save("n1", LOAD, received_at=1.0, pipe=pipe)

@@ -7,7 +7,7 @@ from django.utils import timezone
 
 from agent import protocol
 from devstack.ports import free_port
-from inventory.desired import sync_node
+from inventory.desired import orders
 from inventory.models import AdminState, NodeEvent, Replica, ReplicaState, Shard
 from inventory.operator import set_admin_state
 from inventory.reconcile import reconcile
@@ -76,11 +76,11 @@ def running(shard: str, restarts: int = 0) -> protocol.ShardStatus:
 
 def test_an_engine_restart_is_an_event_once_and_an_unchanged_beat_is_none(cluster):
     place("llama", {"ready-1": [0]})
-    sync_node("ready-1", [running("llama-r1-s0")])
-    sync_node("ready-1", [running("llama-r1-s0")])
+    orders("ready-1", [running("llama-r1-s0")])
+    orders("ready-1", [running("llama-r1-s0")])
     assert events(NodeEvent.Kind.ENGINE) == []
-    sync_node("ready-1", [running("llama-r1-s0", restarts=2)])
-    sync_node("ready-1", [running("llama-r1-s0", restarts=2)])
+    orders("ready-1", [running("llama-r1-s0", restarts=2)])
+    orders("ready-1", [running("llama-r1-s0", restarts=2)])
     assert events(NodeEvent.Kind.ENGINE) == [
         ("ready-1", "", "restarted", "llama-r1-s0 restarted (0 → 2 restarts): running, 2 restarts")
     ]
@@ -91,8 +91,8 @@ def test_an_engine_failure_is_an_event_with_its_exit_code_and_last_line(cluster)
     failed = protocol.ShardStatus(
         shard="llama-r1-s0", state="failed", exit_code=137, detail="loading weights\nCUDA out of memory"
     )
-    sync_node("ready-1", [failed])
-    sync_node("ready-1", [failed])
+    orders("ready-1", [failed])
+    orders("ready-1", [failed])
     assert events(NodeEvent.Kind.ENGINE) == [
         ("ready-1", "", "failed", "llama-r1-s0: engine failed, exit code 137, CUDA out of memory")
     ]

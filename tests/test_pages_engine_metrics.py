@@ -17,7 +17,7 @@ import requests
 from agent import protocol
 from devstack.polling import wait_until
 from devstack.ports import free_port
-from inventory.desired import sync_node
+from inventory.desired import orders
 from inventory.models import Deployment, Engine
 from nodes import promengines
 from tests.factories import place
@@ -67,12 +67,12 @@ def prometheus(tmp_path_factory):
     exposition.stop()
 
 
-def running(name: str, node_id: str = "ready-1", engine: str = Engine.SGLANG) -> str:
+def running(name: str, node_id: str = "ready-1", engine: str = str(Engine.SGLANG)) -> str:
     """A shard of deployment `name` on `node_id` that its agent reports running; returns its id."""
     replica = place(name, {node_id: [0 if name == "chat" else 1]}, model=f"org/{name}")
     Deployment.objects.filter(pk=replica.deployment.pk).update(engine=engine)
     shard = f"{replica.replica_id}-s0"
-    sync_node(node_id, [protocol.ShardStatus(shard=shard, state="running", metrics_port=9100)])
+    orders(node_id, [protocol.ShardStatus(shard=shard, state="running", metrics_port=9100)])
     return shard
 
 

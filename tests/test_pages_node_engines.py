@@ -10,7 +10,7 @@ import pytest
 
 from agent import protocol
 from agent.protocol import Load, ShardLoad
-from inventory.desired import sync_node
+from inventory.desired import orders
 from inventory.models import Shard
 from inventory.reconcile import reconcile
 from inventory.registration import upsert_inventory
@@ -41,7 +41,7 @@ def report(*installs: protocol.EngineInstall) -> None:
     upsert_inventory("cpu-1", inventory)
 
 
-def llama(state: str, detail: str = "") -> protocol.EngineInstall:
+def llama(state: protocol.InstallState, detail: str = "") -> protocol.EngineInstall:
     return protocol.EngineInstall(engine="llama.cpp", version="0.3.36", variant="cpu", state=state, detail=detail)
 
 
@@ -102,13 +102,13 @@ def test_an_exited_engine_shows_its_exit_code_and_last_lines_and_a_failed_one_st
     node("cpu-1", gpus=0)
     deployment(**LLAMA)
     reconcile()
-    (spec,) = sync_node("cpu-1")
+    (spec,) = orders("cpu-1").shards
     exited = protocol.ShardStatus(shard=spec.shard, state="exited", exit_code=1, restarts=2, detail="gguf: bad magic")
-    sync_node("cpu-1", [exited])
+    orders("cpu-1", [exited])
     row = row_of(page(), spec.shard)
     assert ">starting</span>" in row and "exited, exit code 1, 2 restarts, gguf: bad magic" in row
     failed = protocol.ShardStatus(shard=spec.shard, state="failed", exit_code=137, detail="killed")
-    sync_node("cpu-1", [failed])
+    orders("cpu-1", [failed])
     row = row_of(page(), spec.shard)
     assert ">failed</span>" in row and "exit code 137" in row and "killed" in row
 

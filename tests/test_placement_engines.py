@@ -28,7 +28,9 @@ def report(name: str, *installs: protocol.EngineInstall) -> None:
     upsert_inventory(name, inventory)
 
 
-def llama(state: str, detail: str = "", variant: str = "cpu", version: str = "0.3.36") -> protocol.EngineInstall:
+def llama(
+    state: protocol.InstallState, detail: str = "", variant: str = "cpu", version: str = "0.3.36"
+) -> protocol.EngineInstall:
     return protocol.EngineInstall(engine="llama.cpp", version=version, variant=variant, state=state, detail=detail)
 
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing: apt-
 
 
 def promtool(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([PROMTOOL, *args], input=stdin, capture_output=True, cwd=DEPLOY, timeout=120)
+    return subprocess.run([str(PROMTOOL), *args], input=stdin, capture_output=True, cwd=DEPLOY, timeout=120)
 
 
 def test_the_prometheus_config_is_valid():

@@ -53,7 +53,7 @@ class Prometheus:
         )
         self.process = subprocess.Popen(
             [
-                PROMETHEUS,
+                str(PROMETHEUS),
                 f"--config.file={config}",
                 f"--storage.tsdb.path={workdir / 'data'}",
                 f"--web.listen-address=127.0.0.1:{self.port}",

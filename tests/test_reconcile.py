@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agent import protocol
-from inventory.desired import sync_node
+from inventory.desired import orders
 from inventory.liveness import mark_stale
 from inventory.models import (
     AdminState,
@@ -33,9 +33,9 @@ pytestmark = pytest.mark.django_db
 
 def report_running(node_id: str) -> list[protocol.ShardSpec]:
     """What the node's agent would say once it runs every shard it was given."""
-    wanted = sync_node(node_id)
+    wanted = orders(node_id).shards
     statuses = [protocol.ShardStatus(shard=s.shard, state="running", metrics_port=s.port) for s in wanted]
-    return sync_node(node_id, statuses)
+    return orders(node_id, statuses).shards
 
 
 def shards_on(node_id: str) -> list[Shard]:
@@ -112,7 +112,7 @@ def test_drain_runs_the_replacement_before_releasing_then_cordons(db, operator):
     assert new.shards.get().node_id == "b"
     old.refresh_from_db()
     assert old.state == ReplicaState.RUNNING, "the old replica serves until its replacement runs"
-    assert sync_node("a"), "node a is still told to run it"
+    assert orders("a").shards, "node a is still told to run it"
     reconcile()
     assert Node.objects.get(pk="a").admin_state == AdminState.DRAINING
 
@@ -120,11 +120,11 @@ def test_drain_runs_the_replacement_before_releasing_then_cordons(db, operator):
     reconcile()
     old.refresh_from_db()
     assert old.state == ReplicaState.RELEASING
-    assert sync_node("a") == [], "the agent is told to stop it"
+    assert orders("a").shards == [], "the agent is told to stop it"
     assert Allocation.objects.filter(node_id="a").exists(), "held until the engine has stopped"
 
     # The agent's next heartbeat no longer lists the shard: it stopped.
-    sync_node("a", [])
+    orders("a", [])
     assert not Replica.objects.filter(pk=old.pk).exists()
     result = reconcile()
     assert result.cordoned == ["a"]
@@ -216,8 +216,8 @@ def test_an_agent_reporting_a_failed_shard_fails_the_replica_and_it_is_rebuilt(d
     reconcile()
     replica = Replica.objects.get()
     node_id = replica.shards.get().node_id
-    spec = sync_node(node_id)[0]
-    left = sync_node(node_id, [protocol.ShardStatus(shard=spec.shard, state="failed", detail="CUDA error")])
+    spec = orders(node_id).shards[0]
+    left = orders(node_id, [protocol.ShardStatus(shard=spec.shard, state="failed", detail="CUDA error")]).shards
     assert left == []
     replica.refresh_from_db()
     assert replica.state == ReplicaState.FAILED and "CUDA error" in replica.reason

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.django import TestCase
 
 from agent import protocol
-from inventory.desired import sync_node
+from inventory.desired import orders
 from inventory.liveness import mark_stale
 from inventory.models import (
     GPU,
@@ -69,7 +69,7 @@ def check_invariants(placed_now: list[str], schedulable: set[str]) -> None:
     claims = Counter(GPUClaim.objects.values_list("node_id", "gpu_index"))
     assert all(n == 1 for n in claims.values()), "a GPU in two allocations"
     assert set(claims) <= set(gpus), "a claim on a GPU its node no longer reports"
-    memory = defaultdict(int)
+    memory: defaultdict[str, int] = defaultdict(int)
     for allocation in Allocation.objects.all():
         memory[allocation.node_id] += allocation.memory_gb
     for node_row in Node.objects.all():
@@ -147,8 +147,8 @@ class ReconcileProperties(TestCase):
         mark_stale()
         # Agents on live nodes run what they are told.
         for name in Node.objects.filter(liveness=Liveness.ALIVE).values_list("pk", flat=True):
-            wanted_here = sync_node(name)
-            sync_node(name, [protocol.ShardStatus(shard=s.shard, state="running") for s in wanted_here])
+            wanted_here = orders(name).shards
+            orders(name, [protocol.ShardStatus(shard=s.shard, state="running") for s in wanted_here])
         for _ in range(2):
             check_invariants(reconcile().placed, schedulable())
         # Idempotent: once settled, another pass places and releases nothing.

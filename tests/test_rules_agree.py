@@ -96,7 +96,7 @@ def test_a_free_gpu_is_what_placement_may_still_hand_out(fleet):
     unhealthy = set(GPU.objects.exclude(health=HEALTH_OK).values_list("node_id", "index"))
     assert claimed and unhealthy and claimed & unhealthy
     assert not free & (claimed | unhealthy)
-    usable = set(GPU.objects.free().on_schedulable_nodes().values_list("node_id", flat=True))
+    usable = set(GPU.objects.free().filter(node__in=Node.objects.schedulable()).values_list("node_id", flat=True))
     assert usable == {v.id for v in fleet.candidates(Profile(gpus=1))}
 
 

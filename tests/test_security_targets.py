@@ -13,7 +13,7 @@ from ipaddress import ip_network
 import pytest
 
 from agent import protocol
-from inventory.desired import sync_node
+from inventory.desired import orders
 from inventory.reconcile import reconcile
 from inventory.registration import upsert_inventory
 from tests.agentapi import JOIN_TOKEN, reply_of
@@ -43,8 +43,8 @@ def targets_of_a_running_engine(client) -> list[str]:
     """Place one engine on the node, let its agent report it running on port 9400, and read the targets."""
     deployment(gpus_per_shard=1)
     reconcile()
-    (spec,) = sync_node("gpu-1")
-    sync_node("gpu-1", [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9400)])
+    (spec,) = orders("gpu-1").shards
+    orders("gpu-1", [protocol.ShardStatus(shard=spec.shard, state="running", metrics_port=9400)])
     return [target for group in client.get(TARGETS).json() for target in group["targets"]]
 
 

@@ -199,7 +199,7 @@ def test_the_flush_writes_every_held_time_across_batches(redis_client):
     arrived = {f"n{i:04d}": START.timestamp() + i for i in range(count)}
     redis_client.hset(keys.HEARTBEATS, mapping={k: repr(v) for k, v in arrived.items()})
 
-    assert liveness.flush_heartbeats() == count
+    assert liveness.flush().times == count
 
     stored = dict(Node.objects.values_list("id", "last_heartbeat"))
     assert all(stored[node_id].timestamp() == at for node_id, at in arrived.items())

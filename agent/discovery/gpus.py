@@ -15,11 +15,12 @@ import re
 import threading
 import time
 from collections.abc import Set
+from typing import Any, get_args
 
 from agent import protocol
 
 log = logging.getLogger("agent.discovery")
-_UUID = re.compile(protocol.GPUUuid.__metadata__[0].pattern)
+_UUID = re.compile(get_args(protocol.GPUUuid)[1].pattern)
 
 
 def read_gpus(own_pids: Set[int] = frozenset()) -> list[protocol.GPU]:
@@ -101,8 +102,8 @@ class GPUSampler:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._retry_at = float("-inf")
-        self._nvml = None
-        self._events = None
+        self._nvml: Any = None
+        self._events: Any = None
         self._handles: list = []
         self.pending: dict[int, list[int]] = {}
         self.clean: dict[int, int] = {}

@@ -13,6 +13,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from agent import protocol
 
@@ -35,7 +36,7 @@ class Mount:
 
 
 def read_mounts(proc: Path) -> list[Mount]:
-    mounts = []
+    mounts: list[Mount] = []
     try:
         text = (proc / "self" / "mountinfo").read_text(errors="replace")
     except OSError as exc:
@@ -118,7 +119,7 @@ def scan_weights(root: str, limit: int = protocol.MAX_WEIGHTS) -> list[protocol.
     return sorted(found, key=lambda w: w.path)
 
 
-def _model_format(files: dict) -> str:
+def _model_format(files: dict) -> Literal["safetensors", "bin", ""]:
     if "config.json" not in files:
         return ""
     if any(name.endswith(".safetensors") for name in files):

@@ -49,7 +49,7 @@ class Want:
 class _Install:
     want: Want
     stop: threading.Event
-    state: str = "installing"
+    state: protocol.InstallState = "installing"
     detail: str = "queued"
     version: str = ""
     bin_dir: Path | None = None
@@ -176,7 +176,7 @@ class Provisioner:
         path = Path(command[0])
         return (path.parent if path.is_absolute() else None), version
 
-    def _set(self, install: _Install, state: str, detail: str) -> None:
+    def _set(self, install: _Install, state: protocol.InstallState, detail: str) -> None:
         with self.lock:
             install.state, install.detail = state, detail
 

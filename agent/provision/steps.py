@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from agent import protocol
+from agent.details import with_last_lines
 
 Progress = Callable[[str], None]
 
@@ -64,6 +64,7 @@ class Context:
                 raise InstallError(f"{step}: cannot run {argv[0]}: {exc.strerror}") from None
             self.process = process
             recent: list[str] = []
+            assert process.stdout is not None  # stdout=PIPE
             for line in process.stdout:
                 log.write(line)
                 recent = [*recent[-(self.tail_lines - 1) :], line.rstrip()]
@@ -75,7 +76,7 @@ class Context:
         if self.cancelled.is_set():
             raise InstallError(f"{step}: stopped with the agent")
         if code != 0:
-            raise InstallError(tail(f"{step}: exit {code}", recent))
+            raise InstallError(with_last_lines(f"{step}: exit {code}", recent))
         return "\n".join(recent)
 
     def cancel(self) -> None:
@@ -85,19 +86,6 @@ class Context:
         if process is not None:
             with contextlib.suppress(OSError):
                 os.killpg(process.pid, signal.SIGTERM)
-
-
-def tail(head: str, lines: list[str]) -> str:
-    """`head` and as many of the last lines as fit a provision entry's detail."""
-    kept: list[str] = []
-    room = protocol.MAX_DETAIL - len(head) - 1
-    for line in reversed(lines):
-        line = line[:200]
-        if len(line) + 1 > room:
-            break
-        kept.insert(0, line)
-        room -= len(line) + 1
-    return "\n".join([head, *kept])
 
 
 @contextlib.contextmanager

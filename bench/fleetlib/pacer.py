@@ -35,6 +35,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 import uvloop
 
@@ -108,7 +109,7 @@ class _Connection(asyncio.Protocol):
     (the next beat connects afresh).
     """
 
-    __slots__ = ("beat", "beat_done", "buffer", "closing", "pacer", "timed_out", "timer", "transport")
+    __slots__ = ("beat", "buffer", "closing", "pacer", "timed_out", "timer", "transport")
 
     def __init__(self, pacer: _Pacer):
         self.pacer = pacer
@@ -126,6 +127,7 @@ class _Connection(asyncio.Protocol):
     def send(self, request: bytes, beat: _Beat) -> None:
         self.beat = beat
         self.timer = self.pacer.loop.call_later(TIMEOUT, self.abort)
+        assert self.transport is not None, "sent only on an idle, so connected, connection"
         self.transport.write(request)
 
     def connection_made(self, transport) -> None:
@@ -151,16 +153,18 @@ class _Connection(asyncio.Protocol):
         except (IndexError, ValueError):
             status = 0
         self.buffer = self.buffer[end + 4 + length :]
-        self._finish()
-        self.pacer.answered(self.beat_done, status)
-        if self.closing:
+        self.pacer.answered(self._finish(), status)
+        if self.closing and self.transport is not None:
             self.transport.close()
 
-    def _finish(self) -> None:
+    def _finish(self) -> _Beat:
+        """The beat under way, now over."""
         if self.timer is not None:
             self.timer.cancel()
             self.timer = None
-        self.beat_done, self.beat = self.beat, None
+        beat, self.beat = self.beat, None
+        assert beat is not None
+        return beat
 
     def abort(self) -> None:
         self.timed_out = True
@@ -170,8 +174,7 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closing = True
         if self.beat is not None:
-            self._finish()
-            self.pacer.failed(self.beat_done.stats, "timeout" if self.timed_out else "no answer")
+            self.pacer.failed(self._finish().stats, "timeout" if self.timed_out else "no answer")
 
 
 class _Pacer:
@@ -342,7 +345,7 @@ class PacedFleet:
     def __init__(self, host: str, port: int, requests: list[bytes], interval: float, workers: int = 2):
         self.interval = interval
         self.connections: list[Connection] = []
-        self.processes: list[multiprocessing.Process] = []
+        self.processes: list[BaseProcess] = []
         context = multiprocessing.get_context("fork")
         for w in range(workers):
             parent, child = context.Pipe()
@@ -356,7 +359,7 @@ class PacedFleet:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self.processes]
+        return [p.pid for p in self.processes if p.pid is not None]
 
     def start(self, phase: Phase) -> None:
         for conn in self.connections:

@@ -105,7 +105,6 @@ def main() -> int:
         for index in range(args.nodes):
             rng = random.Random(index)
             message, digest = bodies.registration(index, rng)
-            out = []
             result = application(
                 environ("/api/v1/register", JOIN_TOKEN, protocol.encode(message)), lambda s, h, e=None: None
             )

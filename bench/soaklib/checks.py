@@ -50,7 +50,7 @@ class MetricsAudit:
         """Check one scrape that ran from `started` to `finished` (wall clock)."""
         self.scrapes += 1
         self.scrape_seconds.append(finished - started)
-        series = Counter()
+        series: Counter[tuple[str, str]] = Counter()
         loaded: set[str] = set()
         for line in text.splitlines():
             if not line or line[0] == "#":
@@ -61,9 +61,9 @@ class MetricsAudit:
             name, labels = match.group(1), match.group(2) or ""
             series[(name, labels)] += 1
             if name in LOAD_METRICS:
-                node = NODE_LABEL.search(labels)
-                if node:
-                    loaded.add(node.group(1))
+                found = NODE_LABEL.search(labels)
+                if found:
+                    loaded.add(found.group(1))
         for (name, labels), count in series.items():
             if count > 1 and len(self.duplicates) < SHOW:
                 self.duplicates.append({"at": started, "series": name + labels, "times": count})

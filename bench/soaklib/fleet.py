@@ -40,7 +40,7 @@ MACHINES = (
     ("l40sx4", "NVIDIA L40S", 4, 48 * GiB, 512 * GiB, 64, 0.2),
     ("cpu", "", 0, 0, 256 * GiB, 96, 0.2),
 )
-MODELS = (
+MODELS: tuple[tuple[str, int, protocol.WeightsFormat], ...] = (
     ("/models/Meta-Llama-3-8B-Instruct", 16 * GiB, "safetensors"),
     ("/models/Meta-Llama-3-70B-Instruct", 140 * GiB, "safetensors"),
     ("/models/Mixtral-8x7B-Instruct-v0.1", 93 * GiB, "safetensors"),
@@ -275,6 +275,7 @@ class Fleet:
         """One heartbeat (registering first if need be); its HTTP status, 0 when none came."""
         if node.token is None and not await self.register(node):
             return 0
+        assert node.token is not None, "registered just above"
         message = node.heartbeat()
         node.inflight = True
         try:

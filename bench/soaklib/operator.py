@@ -34,7 +34,7 @@ class Operator:
 
     def _keep_cookies(self, response: requests.Response) -> None:
         for cookie in response.cookies:
-            self.cookies[cookie.name] = cookie.value
+            self.cookies[cookie.name] = cookie.value or ""
 
     def _get(self, path: str) -> requests.Response:
         response = self.session.get(self.base + path, cookies=self.cookies, timeout=self.timeout, allow_redirects=False)

@@ -47,8 +47,8 @@ def free_q() -> Q:
 
     The one definition, as a filter, for querysets and for `Count(..., filter=)`
     in aggregates. Whether its node may take new shards is a separate question
-    (`GPUQuerySet.on_schedulable_nodes`): the pages and /metrics count a
-    cordoned node's free GPUs, placement uses only those of ready nodes.
+    (`Node.objects.schedulable()`): the pages and /metrics count a cordoned
+    node's free GPUs, placement uses only those of ready nodes.
     """
     claimed = GPUClaim.objects.filter(node_id=OuterRef("node_id"), gpu_index=OuterRef("index"))
     return Q(health=HEALTH_OK, condition=GPUCondition.HEALTHY) & ~Exists(claimed)
@@ -61,9 +61,6 @@ class GPUQuerySet(models.QuerySet):
     def with_free(self) -> GPUQuerySet:
         """Every GPU, each with `is_free` (free_q as a column): one pass reads all GPUs and which are free."""
         return self.annotate(is_free=models.ExpressionWrapper(free_q(), output_field=models.BooleanField()))
-
-    def on_schedulable_nodes(self) -> GPUQuerySet:
-        return self.filter(Exists(Node.objects.schedulable().filter(pk=OuterRef("node_id"))))
 
 
 def gpu_class(name: str, memory_bytes: int = 0) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.db import models
 from django.utils import timezone
 
-from inventory.models.choices import AdminState, Liveness, NodeState, derive_state, state_q
+from inventory.models.choices import AdminState, Liveness, NodeState, TextChoices, derive_state, state_q
 
 # The node fields its agent owns: every inventory report replaces them, so the
 # admin shows them read-only and registration writes exactly these. Operator
@@ -155,7 +155,7 @@ class Node(models.Model):
 class NodeEvent(models.Model):
     """One change on a node: liveness, admin state, registration, a GPU, a replica, an engine or an install."""
 
-    class Kind(models.TextChoices):
+    class Kind(TextChoices):
         LIVENESS = "liveness"
         ADMIN = "admin"
         REGISTRATION = "registration"
@@ -186,7 +186,7 @@ class NodeEvent(models.Model):
 class EngineInstall(models.Model):
     """Where installing one engine stands on a node."""
 
-    class State(models.TextChoices):
+    class State(TextChoices):
         INSTALLING = "installing"
         READY = "ready"
         FAILED = "failed"

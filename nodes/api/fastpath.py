@@ -21,7 +21,7 @@ What Django would still have done for the heartbeat is done here:
 - the security middleware's headers are added. Where it would redirect a
   plain-HTTP request to HTTPS (not by default: `SECURE_REDIRECT_EXEMPT` names
   the agent API), the request goes to Django, which does;
-- a refusal gets its access log line (llmgw_site/access_log.py).
+- a refusal gets its access log line (lib/access_log.py).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from django.conf import settings
 from django.db import close_old_connections, reset_queries
 from django.urls import reverse
 
-from llmgw_site import access_log
+from lib import access_log
 from nodes.api.rejections import Answer, bounded_reader
 from nodes.api.views import answer_heartbeat
 from nodes.ratelimit import address_of

@@ -29,9 +29,9 @@ from agent import protocol
 from inventory import desired, gpuhealth, liveness
 from inventory.models import Liveness, Node, derive_state
 from inventory.registration import ReplayedInventory, upsert_inventory
+from lib.logs import OccasionalWarning
 from livestate import beatscript, cards, heartbeats, limits, loadstore, selfmetrics, sequence, sweeprecord
 from livestate.cards import NodeCard
-from llmgw_site.logs import OccasionalWarning
 from nodes import ratelimit
 from nodes.api.cards import from_database
 from nodes.api.rejections import Rejected

@@ -13,7 +13,7 @@ import logging
 
 from django.db import DatabaseError, DataError, IntegrityError, connection
 
-from llmgw_site.logs import OccasionalWarning
+from lib.logs import OccasionalWarning
 from nodes.api.rejections import Rejected
 
 log = logging.getLogger(__name__)

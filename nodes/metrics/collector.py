@@ -17,7 +17,6 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 import redis
-from django.conf import settings
 from prometheus_client import Metric
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.utils import floatToGoString
@@ -126,8 +125,8 @@ class Scrape:
         self.redis_ok = redis_ok
 
     @classmethod
-    def take(cls, now: float, max_age: float | None = None) -> Scrape:
-        """`max_age`: loads older than this are left out (LLMGW_LOAD_MAX_AGE unless given)."""
+    def take(cls, now: float, margin: float = 0.0) -> Scrape:
+        """Loads no longer fresh are left out; `margin`: seconds the answer is kept (loadstore.is_fresh)."""
         inv = inventory_series.read()
         node_ids = [row.facts.id for row in inv.nodes]
         try:
@@ -140,11 +139,10 @@ class Scrape:
             # The inventory is still worth exporting; llmgw_loadstore_up says what is missing.
             log.warning("/metrics without loads: %s", exc)
             return cls(inv, [], {}, redis_ok=False)
-        oldest = now - (settings.LLMGW_LOAD_MAX_AGE if max_age is None else max_age)
         fresh = []
         for node_id, raw in zip(node_ids, replies[0] if node_ids else [], strict=True):
             stored = loadlines.parse(raw)
-            if stored is not None and stored.received_at >= oldest:
+            if stored is not None and loadstore.is_fresh(stored.received_at, now, margin):
                 fresh.append((node_id, stored))
         return cls(inv, fresh, selfmetrics.read(replies[-1]), redis_ok=True)
 
@@ -200,7 +198,7 @@ def _render_node(facts: inventory_series.NodeFacts) -> RenderedNode:
 
 
 class RenderedGPUs(NamedTuple):
-    count: bytes
+    count: bytes  # type: ignore[assignment]  # a field named as tuple's method: a NamedTuple allows it
     free: bytes
     memory: bytes
 

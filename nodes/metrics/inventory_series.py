@@ -49,7 +49,7 @@ class NodeRow(NamedTuple):
 class GPURow(NamedTuple):
     node: str
     gpu_class: str
-    count: int
+    count: int  # type: ignore[assignment]  # a field named as tuple's method: a NamedTuple allows it
     free: int
     memory: int | None
 
@@ -58,7 +58,7 @@ class GPUConditionRow(NamedTuple):
     """One GPU and the control plane's verdict on it (inventory.gpuhealth)."""
 
     node: str
-    index: int
+    index: int  # type: ignore[assignment]  # a field named as tuple's method: a NamedTuple allows it
     uuid: str
     condition: str
 
@@ -134,8 +134,8 @@ def read() -> Inventory:
             )
         ],
         allocations=[
-            AllocationRow(*row, claims.get(pk, 0))
-            for pk, *row in raw_rows(
+            AllocationRow(node, shard, replica, model, memory_gb, claims.get(pk, 0))
+            for pk, node, shard, replica, model, memory_gb in raw_rows(
                 Allocation.objects.order_by().values_list(
                     "pk", "node_id", "shard_id", "replica_id", "model", "memory_gb"
                 )

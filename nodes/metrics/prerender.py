@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Iterable, Iterator
+from typing import cast
 
 import redis
 from django.conf import settings
@@ -69,7 +70,7 @@ def gzip(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 def render(now: float) -> tuple[str, bytes]:
     """The fleet's families as Prometheus asks for them, gzipped, without the closing "# EOF"."""
-    scrape = Scrape.take(now, max_age=max(settings.LLMGW_LOAD_MAX_AGE - valid_seconds(), 0.0))
+    scrape = Scrape.take(now, margin=valid_seconds())
     chunks, content_type = exposition.write(_Parts(_collector.fleet_families(scrape)), PROMETHEUS_FORMAT, end=False)
     return content_type, b"".join(gzip(chunks))
 
@@ -85,7 +86,7 @@ def store(now: float) -> int:
 def fetch(now: float, content_type: str) -> bytes | None:
     """The stored fleet part if it is young enough and in this format; None means render on request."""
     try:
-        raw = livestate.client().get(keys.METRICS_FLEET)
+        raw = cast(bytes | None, livestate.client().get(keys.METRICS_FLEET))
     except redis.RedisError:
         return None
     if not raw:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hmac
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -66,13 +66,13 @@ def metrics(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _stream(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+def _stream(first: bytes, rest: Iterator[bytes]) -> Generator[bytes]:
     """A generator, so that the server closing the response closes the scrape too."""
     yield first
     yield from rest
 
 
-def _gzipped(stream: Iterator[bytes]) -> Iterator[bytes]:
+def _gzipped(stream: Generator[bytes]) -> Iterator[bytes]:
     """Gzip as the stream goes, closing it however the response ends."""
     try:
         yield from prerender.gzip(stream)

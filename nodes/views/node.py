@@ -35,8 +35,8 @@ from inventory.models import (
 )
 from inventory.operator import ACTIONS
 from nodes import promalerts, promengines, promquery
+from nodes.loads import fetch_readings, heartbeat_age
 from nodes.views.access import login_required
-from nodes.views.loads import fetch_readings, heartbeat_age
 
 # Markers a chart draws at most: the newest ones in the range. A week of a flapping
 # node could hold thousands, and past a few hundred lines a chart is only ink.

@@ -14,11 +14,8 @@ from dataclasses import dataclass, field
 from django.db.models import Count, QuerySet
 
 from inventory.models import GPU, Allocation, Filesystem, Node, NodeState
+from nodes.loads import Reading, heartbeat_age
 from nodes.templatetags.llmgw import age, bar_class, gib
-from nodes.views.loads import Reading, heartbeat_age
-
-# The node fields a row shows; nothing else is read from the node table.
-ROW_FIELDS = ("id", "hostname", "labels", "operator_labels", "admin_state", "liveness", "last_heartbeat")
 
 
 @dataclass

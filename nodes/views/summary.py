@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import cast
 
 import msgspec
 import redis
@@ -19,8 +20,8 @@ from django.db.models import Count
 
 import livestate
 from inventory.models import GPU, Node, NodeState, free_q, state_q
-from livestate import keys
-from nodes.views.loads import REDIS_DOWN, fresh_figures
+from livestate import keys, loadstore
+from nodes.loads import REDIS_DOWN
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,7 @@ def compute_totals(now: float) -> FleetTotals:
     """Sum every fresh load (one query for the ids, one MGET); raises redis errors."""
     ids = list(Node.objects.values_list("id", flat=True))
     totals = FleetTotals(computed_at=now)
-    for load in fresh_figures(ids, now).values():
+    for load in loadstore.fetch_figures(ids, now).values():
         totals.reporting += 1
         totals.cores_busy += load.cpu_percent / 100 * load.cpus
         totals.cores_total += load.cpus
@@ -105,7 +106,7 @@ def fleet_totals(now: float) -> tuple[FleetTotals, str | None]:
     """The shared totals if fresh enough, else computed now and shared."""
     client = livestate.client()
     try:
-        raw = client.get(TOTALS_KEY)
+        raw = cast(bytes | None, client.get(TOTALS_KEY))
         if raw is not None:
             try:
                 return _decoder.decode(raw), None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rest_framework import serializers
 
-from nodes.views.cluster import MAX_TEXT
+from nodes.filtersets import MAX_TEXT
 
 MAX_PAGE_SIZE = 500
 DEFAULT_PAGE_SIZE = 100

@@ -5,10 +5,8 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from inventory.models import AdminState, Liveness, NodeState, ReplicaState
-from nodes.views.cluster import DB_SORTS, LOAD_SORTS
+from nodes.filtersets import SORTS
 from opsapi.serializers.common import PagedSerializer, PageParams, Text
-
-SORTS = sorted(DB_SORTS) + sorted(LOAD_SORTS)
 
 
 class NodeListParams(PageParams):

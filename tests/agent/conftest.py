@@ -55,7 +55,7 @@ def make_agent(tmp_path):
             running.append((agent, thread))
             return agent
 
-        agent.start = start
+        agent.start = start  # type: ignore[attr-defined]  # the tests' own way to run it in a thread
         return agent
 
     yield make

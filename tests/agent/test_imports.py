@@ -20,7 +20,7 @@ def module_name(path: Path) -> str:
 
 def imports_of(path: Path, modules: set[str]) -> set[str]:
     """The agent modules `path` names in any import statement, wherever it stands in the file."""
-    found = set()
+    found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)

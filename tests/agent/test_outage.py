@@ -30,7 +30,7 @@ def settled_rss() -> int:
 
 def tag_samples(agent: Agent) -> list[int]:
     """Number each load the agent produces (in load1), so the test can tell which one was sent."""
-    produced = []
+    produced: list[int] = []
     real = agent.sampler.sample
     lock = threading.Lock()
 
@@ -42,7 +42,7 @@ def tag_samples(agent: Agent) -> list[int]:
             produced.append(len(produced) + 1)
             return msgspec.structs.replace(load, load1=float(produced[-1]))
 
-    agent.sampler.sample = numbered
+    agent.sampler.sample = numbered  # type: ignore[method-assign]
     return produced
 
 

@@ -27,8 +27,8 @@ PASSWORD = "demo-pass-model"
 
 def ask(endpoint: str, question: str, max_tokens: int, **extra) -> dict:
     """What the README's curl does: at temperature 0, so the answer is the same on every run."""
-    body = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0, **extra}
-    body = json.dumps(body).encode()
+    payload = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0}
+    body = json.dumps({**payload, **extra}).encode()
     request = urllib.request.Request(
         f"{endpoint}/chat/completions", body, {"Content-Type": "application/json"}, method="POST"
     )

@@ -33,14 +33,15 @@ DEMO_DEPLOYMENT = {
 }
 # Where the demo's model goes, under the var directory; the agent's only model directory.
 MODEL_DIR = "models"
+# Plain ChatML, the format SmolLM2 was tuned on. The GGUF's own template adds a default
+# system prompt ("You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
+# and behind it this 135M model answered "What is the capital of France?" at temperature 0
+# with "L'Étoile, la Marseillaise, …"; with plain ChatML, or any system prompt of the
+# client's own, "The capital of France is Paris." (llama-server of llama-cpp-python 0.3.36).
+MODEL_ARGUMENTS = "--chat-template chatml"
 MODEL_DEPLOYMENT = {
     "engine": Engine.LLAMA_CPP,
-    # Plain ChatML, the format SmolLM2 was tuned on. The GGUF's own template adds a default
-    # system prompt ("You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
-    # and behind it this 135M model answered "What is the capital of France?" at temperature 0
-    # with "L'Étoile, la Marseillaise, …"; with plain ChatML, or any system prompt of the
-    # client's own, "The capital of France is Paris." (llama-server of llama-cpp-python 0.3.36).
-    "arguments": "--chat-template chatml",
+    "arguments": MODEL_ARGUMENTS,
     "replicas": 1,
     "shards_per_replica": 1,
     "gpus_per_shard": 0,

@@ -1,4 +1,7 @@
-"""Loads as the pages show them: fresh, too old to show, or unknown because Redis is down."""
+"""Loads as the pages and the operators' API show them: fresh, too old to show, or unknown because Redis is down.
+
+Whether a load is fresh is livestate.loadstore's rule (`is_fresh`), not this module's.
+"""
 
 from __future__ import annotations
 
@@ -8,9 +11,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-import msgspec
 import redis
-from django.conf import settings
 
 from agent.protocol import Load
 from livestate import loadstore
@@ -38,7 +39,7 @@ class Reading:
 
     @property
     def load(self) -> Load | None:
-        if self.stored is None or self.age > settings.LLMGW_LOAD_MAX_AGE:
+        if self.stored is None or not self.stored.is_fresh(self.now):
             return None
         return self.stored.load
 
@@ -59,53 +60,10 @@ class Reading:
 
     @property
     def memory_percent(self) -> float | None:
-        total = self.memory_total
-        if not total:
+        load, total = self.load, self.memory_total
+        if load is None or not total:
             return None
-        return 100 * self.load.memory_used_bytes / total
-
-
-class Figures(msgspec.Struct):
-    """The few figures of a stored load that totals and sorting need."""
-
-    cpu_percent: float
-    cpus: int
-    load1: float = 0.0
-    memory_used_bytes: int = 0
-    memory_available_bytes: int = 0
-
-    @property
-    def memory_fraction(self) -> float:
-        total = self.memory_used_bytes + self.memory_available_bytes
-        return self.memory_used_bytes / total if total else 0.0
-
-
-class _StoredFigures(msgspec.Struct):
-    received_at: float
-    load: Figures
-
-
-# Decoding only these figures out of each stored load, and not its per-shard
-# list, makes reading 10,000 of them several times cheaper.
-_figures_decoder = msgspec.msgpack.Decoder(_StoredFigures)
-
-
-def fresh_figures(node_ids: list[str], now: float) -> dict[str, Figures]:
-    """The fresh loads' figures for many nodes, in one MGET (raises redis errors)."""
-    if not node_ids:
-        return {}
-    oldest = now - settings.LLMGW_LOAD_MAX_AGE
-    found = {}
-    for node_id, raw in zip(node_ids, loadstore.read_raw(node_ids), strict=True):
-        if raw is None:
-            continue
-        try:
-            stored = _figures_decoder.decode(raw)
-        except msgspec.DecodeError:
-            continue
-        if stored.received_at >= oldest:
-            found[node_id] = stored.load
-    return found
+        return 100 * load.memory_used_bytes / total
 
 
 def heartbeat_age(last_heartbeat: datetime | None, reading: Reading, now: float) -> float | None:

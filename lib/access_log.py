@@ -7,19 +7,14 @@ last heartbeat and events, the self-metrics counters), so only the agent API's
 refusals are logged, beside everything else. The application writes the log
 rather than the web server, so that an accepted heartbeat costs no line at all,
 not one built and then filtered out: Django's requests through
-`AccessLogMiddleware` (first in `MIDDLEWARE`), the heartbeat's own answers in
-nodes/api/fastpath.py. Lines go to the `llmgw.access` logger, at INFO.
+`AccessLogMiddleware` (llmgw_site/middleware.py, first in `MIDDLEWARE`), the
+heartbeat's own answers in nodes/api/fastpath.py. Lines go to the
+`llmgw.access` logger, at INFO.
 """
 
 from __future__ import annotations
 
 import logging
-import time
-from collections.abc import Callable
-
-from django.http import HttpRequest, HttpResponse
-
-from nodes.ratelimit import client_address
 
 log = logging.getLogger("llmgw.access")
 
@@ -34,15 +29,3 @@ def worth_logging(method: str, path: str, status: int) -> bool:
 def record(address: str, method: str, path: str, status: int, seconds: float) -> None:
     if worth_logging(method, path, status):
         log.info('%s "%s %s" %d %.1f ms', address, method, path, status, 1000 * seconds)
-
-
-class AccessLogMiddleware:
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]):
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        started = time.perf_counter()
-        response = self.get_response(request)
-        seconds = time.perf_counter() - started
-        record(client_address(request), request.method, request.path, response.status_code, seconds)
-        return response
