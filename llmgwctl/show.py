@@ -77,9 +77,9 @@ def node(n: dict, width: int = 80) -> str:
         lines.append(f"Load:       unknown{' (' + n['load_problem'] + ')' if n['load_problem'] else ''}")
     labels = ", ".join(f"{k}={v}" for k, v in sorted(n["labels"].items())) or "—"
     lines.append(cut(f"Labels:     {labels}", width))
-    drain = n["drain"]
-    if n["admin_state"] == "draining" or drain["replicas_left"]:
-        lines.append(f"Drain:      {drain['replicas_left']} replicas left to move")
+    # The server gives a drain's progress only while the node drains.
+    if n["drain"] is not None:
+        lines.append(f"Drain:      {n['drain']['replicas_left']} replicas left to move")
     if n["gpus"]:
         lines += ["", "GPUs:"]
         gpu_rows = [(str(g["index"]), g["gpu_class"], g["health"], g["held_by"] or "—") for g in n["gpus"]]

@@ -100,6 +100,15 @@ def progress_of(nodes: list[Node], allocated: set[str], shards: list[tuple[str, 
     return progress
 
 
+def drain_of(node: Node, allocations: list[Allocation], shards: list[tuple[str, str, int]]) -> dict | None:
+    """The node's drain progress while it drains; None otherwise, as an active node's replicas are not
+    "left to move" and a cordoned one's drain is over (`/nodes/{id}/drain/` still answers for any node)."""
+    if node.admin_state != AdminState.DRAINING:
+        return None
+    held = [(node.pk, state, replica) for _, state, replica in shards]
+    return progress_of([node], {node.pk} if allocations else set(), held)[node.pk]
+
+
 def node_detail(node: Node, now: float) -> dict:
     readings, problem = fetch_readings([node.pk], now)
     reading = readings[node.pk]
@@ -182,8 +191,6 @@ def node_detail(node: Node, now: float) -> dict:
             }
             for a in allocations
         ],
-        "drain": progress_of(
-            [node], {node.pk} if allocations else set(), [(node.pk, state, replica) for _, state, replica in shards]
-        )[node.pk],
+        "drain": drain_of(node, allocations, shards),
         "events": [event_fields(e) for e in node.events.all()[:EVENTS_SHOWN]],
     }

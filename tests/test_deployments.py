@@ -297,7 +297,7 @@ def test_setup_demo_creates_a_demo_deployment_once_that_places_on_a_cpu_node(tmp
     demo = Deployment.objects.get(name="demo")
     assert (demo.name, demo.engine, demo.gpus_per_shard) == ("demo", Engine.DEMO, 0)
     reconcile()
-    # The Gemma deployment waits for its weights (tests/test_setup_demo.py); the laptop never scanned for any.
+    # The real model's deployment waits for its weights (tests/test_setup_demo.py); the laptop never scanned for any.
     specs = [spec for spec in orders("laptop").shards if spec.engine == Engine.DEMO]
     assert len(specs) == demo.replicas
     for spec in specs:

@@ -50,8 +50,8 @@ def test_the_demo_deployment_runs_and_prometheus_scrapes_its_engines(tmp_path, r
         stack.start_web()
         stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
-        # The stand-in engine alone: Gemma on llama.cpp has its own test (tests/browser/test_demo_gemma.py).
-        stack.manage("setup_demo", "--var-dir", str(tmp_path), "--control-plane", base, "--no-gemma", capture=True)
+        # The stand-in engine alone: the real model on llama.cpp has its own test (tests/browser/test_demo_model.py).
+        stack.manage("setup_demo", "--var-dir", str(tmp_path), "--control-plane", base, "--no-real-model", capture=True)
         stack.start(stack.agent_part())
 
         wait_until(lambda: replica_states() == ["running", "running"], 90, "both demo replicas running")

@@ -114,7 +114,7 @@ def test_a_join_token_from_the_environment_is_the_one_the_stacks_agent_registers
         stack.manage("migrate", "--noinput", "-v0")
         stack.start_web()
         base = f"http://127.0.0.1:{stack.web_port}"
-        stack.manage("setup_demo", "--var-dir", str(var), "--control-plane", base, "--no-gemma", capture=True)
+        stack.manage("setup_demo", "--var-dir", str(var), "--control-plane", base, "--no-real-model", capture=True)
         assert (var / "join-token").read_text() == token
         assert (var / "join-token").stat().st_mode & 0o077 == 0
         stack.start(stack.agent_part())

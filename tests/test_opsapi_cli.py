@@ -113,6 +113,16 @@ def test_one_node_and_an_unknown_one(capsys, logged_in, cluster):
     assert code == 4 and out == "" and "no node 'ghost'" in err
 
 
+def test_a_node_shows_drain_progress_only_while_it_drains(capsys, logged_in, cluster):
+    Deployment.objects.create(name="llama", model_source="llama", engine="demo", gpus_per_shard=1)
+    reconcile()
+    code, out, _ = run(capsys, "node", "ready-1")
+    assert code == 0 and "Engines:" in out and "Drain:" not in out
+    run(capsys, "drain", "ready-1", "--reason", "reboot")
+    code, out, _ = run(capsys, "node", "ready-1")
+    assert code == 0 and "Drain:      1 replicas left to move" in out
+
+
 def test_cordon_by_label_then_uncordon(capsys, logged_in, cluster):
     Node.objects.filter(pk__in=["ready-1", "cordoned-1"]).update(labels={"rack": "r12"})
     code, out, _ = run(capsys, "cordon", "-l", "rack=r12", "--reason", "kernel upgrade")

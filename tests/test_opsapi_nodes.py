@@ -10,7 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from agent import protocol
-from inventory.models import Node, NodeEvent
+from inventory.models import AdminState, Node, NodeEvent
+from inventory.operator import set_admin_state
 from inventory.registration import upsert_inventory
 from tests.opsapi_support import Caller, database_unreachable, loadstore, make_inventory, make_token
 
@@ -87,7 +88,7 @@ def test_the_list_asks_as_many_queries_at_60_nodes_as_at_6(reader, cluster, redi
     assert queries() == small
 
 
-def test_one_node_whole(reader, cluster, redis_client):
+def test_one_node_whole(reader, operator, cluster, redis_client):
     NodeEvent.objects.create(node_id="ready-1", kind="liveness", from_state="unreachable", to_state="alive")
     loadstore.save(
         "ready-1",
@@ -98,15 +99,18 @@ def test_one_node_whole(reader, cluster, redis_client):
     assert node["state"] == "ready" and node["hostname"] == "ready-1.example"
     assert len(node["gpus"]) == 8 and node["gpus"][0]["held_by"] is None
     assert node["load"]["shards"] == [{"shard": "x-s0", "cpu_cores": 1.5, "rss_bytes": 0}]
-    assert node["drain"] == {
+    # Active: nothing is "left to move"; drain progress is for a node that drains.
+    assert node["drain"] is None
+    assert [(e["kind"], e["to_state"]) for e in node["events"]] == [("liveness", "alive")]
+    set_admin_state(Node.objects.get(pk="ready-1"), AdminState.DRAINING, operator, "reboot")
+    assert reader.get("/nodes/ready-1/").json()["drain"] == {
         "node": "ready-1",
-        "admin_state": "active",
-        "state": "ready",
+        "admin_state": "draining",
+        "state": "draining",
         "replicas_left": 0,
         "shards_left": 0,
         "drained": False,
     }
-    assert [(e["kind"], e["to_state"]) for e in node["events"]] == [("liveness", "alive")]
 
 
 def test_an_unknown_node_is_a_404_in_json(reader, db):

@@ -59,6 +59,32 @@ def test_a_failed_install_shows_its_log_tail_as_text_in_a_pre(page):
     assert "<script>alert" not in html
 
 
+def versions_box(client) -> dict[str, str]:
+    html = client.get("/nodes/cpu-1/").content.decode()
+    box = re.search(r"<h2>Versions</h2>\s*<dl>(.*?)</dl>", html, re.S).group(1)
+    return dict(re.findall(r"<dt>(?:<bdi>)?([^<]*)(?:</bdi>)?</dt><dd><bdi>([^<]*)</bdi></dd>", box))
+
+
+def test_the_versions_box_says_what_the_agent_installed_not_what_its_path_lacks(client, viewer):
+    client.force_login(viewer)
+    node("cpu-1", gpus=0)
+
+    def probed(*installs: protocol.EngineInstall) -> None:
+        # The probe asks llama-server on the agent's PATH; the agent's own install is not there.
+        inventory = make_inventory(
+            "cpu-1.example",
+            engine_versions={"llama.cpp": "not installed", "vllm": "not installed"},
+            engines_probed=True,
+            provision=list(installs),
+        )
+        upsert_inventory("cpu-1", inventory)
+
+    probed(llama("installing", "building llama-server: 42 %"))
+    assert versions_box(client) == {"agent": "0.1.0", "llama.cpp": "not installed", "vllm": "not installed"}
+    probed(llama("ready"))
+    assert versions_box(client) == {"agent": "0.1.0", "llama.cpp": "0.3.36 (cpu)", "vllm": "not installed"}
+
+
 def test_a_placed_shard_says_which_install_it_waits_for_then_its_endpoint(page):
     node("cpu-1", gpus=0)
     report(llama("installing", "building llama-server: 42 %"))

@@ -130,6 +130,26 @@ class Node(models.Model):
     def schedulable(self) -> bool:
         return self.state == NodeState.READY
 
+    def engine_versions_in_use(self) -> dict[str, str]:
+        """Each engine the node has and its version: an install its agent reports ready, else the probe's answer.
+
+        The probe asks the usual binary on the agent's PATH (`llama-server --version`);
+        an engine the agent installed lives under its state directory, where the probe
+        never looks, and is the one shards run. So a ready install decides its
+        engine's line, as "VERSION (VARIANT)", and the probe's "not installed" is
+        shown only for an engine no install has made ready. Reads the installs
+        through `engine_installs`, which the pages prefetch.
+        """
+        versions = dict(self.engine_versions)
+        ready: dict[str, list[str]] = {}
+        for install in self.engine_installs.all():
+            if install.state == EngineInstall.State.READY:
+                shown = f"{install.version} ({install.variant})" if install.variant else install.version
+                ready.setdefault(install.engine, []).append(shown)
+        for engine, shown in ready.items():
+            versions[engine] = ", ".join(shown)
+        return dict(sorted(versions.items()))
+
     def local_disk(self) -> tuple[int, int] | None:
         """(free, total) bytes on filesystems this node fills itself; None if unknown.
 

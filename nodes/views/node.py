@@ -4,7 +4,7 @@ Live numbers and firing alerts (`node-live`) refresh every 5 s; the charts
 (`node-charts`) load after the page and refresh every 30 s from their own URL,
 over the range the page's URL chose (`?range=6h`), so a slow Prometheus never
 holds the page up. The node's events in that range are drawn on every chart
-and listed below them.
+and listed below them: the page's one list of them.
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from nodes import promalerts, promengines, promquery
 from nodes.loads import fetch_readings, heartbeat_age
 from nodes.views.access import login_required
 
-EVENTS_SHOWN = 20
 # Markers a chart draws at most: the newest ones in the range. A week of a flapping
 # node could hold thousands, and past a few hundred lines a chart is only ink.
 MARKERS_SHOWN = 200
@@ -309,7 +308,6 @@ def live_context(node: Node, now: float) -> dict:
         "local_filesystems": [fs for fs in filesystems if not fs.shared],
         "shared_filesystems": [fs for fs in filesystems if fs.shared],
         "local_disk": node.local_disk(),
-        "events": list(node.events.all()[:EVENTS_SHOWN]),
         "heartbeat_age": heartbeat_age(node.last_heartbeat, reading, now),
     }
 

@@ -179,5 +179,5 @@ class NodeDetailSerializer(serializers.Serializer):
     filesystems = FilesystemSerializer(many=True)
     fabrics = FabricSerializer(many=True)
     allocations = AllocationSerializer(many=True)
-    drain = DrainSerializer()
+    drain = DrainSerializer(allow_null=True, help_text="Null unless the node is draining.")
     events = EventSerializer(many=True, help_text="The latest, newest first.")

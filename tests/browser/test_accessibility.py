@@ -1,4 +1,4 @@
-"""axe-core in a real Chromium: no serious or critical violation on the login, cluster and node pages, light and dark.
+"""axe-core in a real Chromium: no violation of any impact on the login, cluster and node pages, light and dark.
 
 axe-core is vendored (`static/vendor/axe-core/`), so the test runs offline; it is
 evaluated in the page by Playwright, which the page's CSP does not govern.
@@ -20,7 +20,6 @@ from tests.prometheus import ExpositionServer, PrometheusServer
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 AXE = Path(__file__).resolve().parents[2] / "static" / "vendor" / "axe-core" / "axe.min.js"
-BLOCKING = {"serious", "critical"}
 RULES = Path(__file__).resolve().parents[2] / "deploy" / "rules" / "llmgw.rules.yml"
 
 
@@ -46,18 +45,18 @@ def prometheus(tmp_path_factory):
 
 
 def violations(page) -> list[str]:
-    """Each serious or critical violation as `rule (impact): where`, for a readable failure."""
+    """Each violation, whatever its impact, as `rule (impact): where`, for a readable failure.
+
+    A moderate one (a page without a heading, two landmarks of one name) is still a
+    page a screen reader's user finds their way around less well.
+    """
     page.evaluate(AXE.read_text())
     found = page.evaluate("async () => (await axe.run(document)).violations")
-    return [
-        f"{v['id']} ({v['impact']}): {', '.join(str(n['target']) for n in v['nodes'][:5])}"
-        for v in found
-        if v["impact"] in BLOCKING
-    ]
+    return [f"{v['id']} ({v['impact']}): {', '.join(str(n['target']) for n in v['nodes'][:5])}" for v in found]
 
 
 @pytest.mark.parametrize("scheme", ["light", "dark"])
-def test_no_serious_violation_on_login_cluster_and_node_pages(
+def test_no_violation_on_login_cluster_and_node_pages(
     page, live_server, operator, cluster, settings, prometheus, scheme
 ):
     settings.PROMETHEUS_URL = prometheus.url
@@ -65,11 +64,11 @@ def test_no_serious_violation_on_login_cluster_and_node_pages(
     NodeEvent.objects.create(node=cluster["lost-1"], kind="liveness", from_state="alive", to_state="lost")
     page.emulate_media(color_scheme=scheme)
     page.goto(live_server.url + "/admin/login/")
-    assert violations(page) == [], "login page"
+    found = {"login": violations(page)}
 
     log_in(page, live_server.url, "operator", "operator-pass")
     page.locator("#node-table").wait_for()
-    assert violations(page) == [], "cluster page"
+    found["cluster"] = violations(page)
 
     page.goto(live_server.url + "/nodes/lost-1/")
     assert page.locator("#node-live .alerts").inner_text().count("LLMGWNodeLost") == 1
@@ -79,4 +78,5 @@ def test_no_serious_violation_on_login_cluster_and_node_pages(
     marker.wait_for()
     marker.scroll_into_view_if_needed()
     marker.hover()
-    assert violations(page) == [], "node page"
+    found["node"] = violations(page)
+    assert found == {"login": [], "cluster": [], "node": []}

@@ -73,8 +73,9 @@ def test_a_cordon_made_here_is_a_marker_on_every_chart_with_its_reason_on_hover(
     # The reason is text in an isolating element, never markup.
     assert tip.locator("bdi").inner_text() == f"Admin: active → cordoned · “{reason}” — operator"
     assert tip.locator("img").count() == 0
-    # The same event in the list under the charts, for the keyboard and screen readers.
+    # The same event in the list under the charts, for the keyboard and screen readers: the page's one list.
     assert reason in page.locator("#node-charts .chart-events").inner_text()
+    assert page.locator("main li", has_text=reason).count() == 1
 
 
 def test_the_range_is_in_the_url_and_the_refresh_keeps_it(
