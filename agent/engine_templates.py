@@ -104,6 +104,16 @@ TEMPLATES: dict[str, tuple[Template, ...]] = {
     "demo": (Template("0", ("python3",), _demo),),
 }
 
+# The environment variables each engine reads its API key from (llama-server, vLLM; the demo
+# engine and a "command" engine read LLMGW_ENGINE_API_KEY). Set from the deployment's secret,
+# so an engine answers only requests that carry it: the gateway's.
+API_KEY_VARIABLES = ("LLMGW_ENGINE_API_KEY", "LLAMA_API_KEY", "VLLM_API_KEY")
+
+
+def api_key_env(secret: str) -> dict[str, str]:
+    return dict.fromkeys(API_KEY_VARIABLES, secret)
+
+
 # The "command" engine: the arguments are the whole command line, with {port} and {model} filled in.
 COMMAND = "command"
 ENGINES = (*TEMPLATES, COMMAND)

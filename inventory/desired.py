@@ -132,6 +132,7 @@ def shard_spec(shard: Shard, leader: str = "") -> protocol.ShardSpec:
         "LLMGW_SHARD_INDEX": str(shard.index),
         "LLMGW_SHARD_COUNT": str(deployment.shards_per_replica),
     }
+    env.update(engine_templates.api_key_env(deployment.engine_secret))
     if replica.fabric:
         env["NCCL_IB_HCA"] = ",".join(shard.hcas)
     if leader:

@@ -94,6 +94,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "opsapi",
+    "gateway",
 ]
 
 MIDDLEWARE = [

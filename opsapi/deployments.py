@@ -21,6 +21,7 @@ def deployment_fields(deployment: Deployment) -> dict:
     replicas = list(deployment.replica_set.all())
     return {
         "name": deployment.name,
+        "served_model_name": deployment.served_model_name,
         "model_source": deployment.model_source,
         "engine": deployment.engine,
         "arguments": deployment.arguments,

@@ -165,7 +165,7 @@ def _shard_samples(fresh: list, placed: dict) -> list[ShardSample]:
                 labels = allocation.labels
             else:
                 # Running but not (or no longer) allocated here: still measured, not yet labelled.
-                labels = labelset(model="", node=node_id, replica="", shard=shard.decode()).encode()
+                labels = labelset(model="", node=node_id, replica="", served_model="", shard=shard.decode()).encode()
             samples.append(ShardSample(labels, cores, resident))
     return samples
 
@@ -237,7 +237,9 @@ class _Allocation:
 
     def __init__(self, row: inventory_series.AllocationRow):
         self.node, self.shard = row.node, row.shard
-        labels = labelset(model=row.model, node=row.node, replica=row.replica, shard=row.shard)
+        labels = labelset(
+            model=row.model, node=row.node, replica=row.replica, served_model=row.served_model, shard=row.shard
+        )
         self.labels = labels.encode()
         self.gpus = line(families.SHARD_GPUS.name, labels, row.gpus).encode()
         self.memory_claim = line(families.SHARD_MEMORY_CLAIM.name, labels, row.memory_gb * 2**30).encode()
