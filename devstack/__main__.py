@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+from devstack import gateway
 from devstack.stack import ROOT, Stack
 
 
@@ -32,6 +33,9 @@ def main() -> int:
         stack.manage("setup_demo", "--var-dir", str(var), capture=True)
         stack.fetch_demo_model()
         stack.start(stack.agent_part())
+        for part in gateway.parts(stack):
+            stack.start(part)
+        demo_key = gateway.demo_key(stack)
     except Exception as exc:
         print(f"llmgw: could not start: {exc}", file=sys.stderr)
         stack.stop_all()
@@ -45,6 +49,7 @@ def main() -> int:
     print(f"  fleet metrics  {base}/metrics")
     backends = ", ".join(f"127.0.0.1:{b.port}" for b in stack.backends)
     print(f"  proxy          HAProxy at {base}, in front of granian at {backends} ({stack.var / 'haproxy.cfg'})")
+    print(f"  gateway        http://127.0.0.1:{gateway.DEFAULT_PORT}/v1 (OpenAI API; HAProxy, {stack.var / 'gateway'})")
     if "prometheus" in stack.parts:
         print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
     print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))
@@ -55,6 +60,10 @@ def main() -> int:
         print(f"  admin user     admin / {password}   (shown once; kept in {var / 'admin-password'})")
     else:
         print("  admin user     exists already (password in var/admin-password if make run created it)")
+    if demo_key:
+        print(f"  API key        {demo_key}   (tenant demo; shown once; kept in {var / 'demo-api-key'})")
+    else:
+        print(f"  API key        exists already (in {var / 'demo-api-key'})")
     print("Ctrl-C stops everything.")
     sys.stdout.flush()
     while not stopping:

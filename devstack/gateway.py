@@ -1,0 +1,47 @@
+"""The gateway in the stack: HAProxy serving the OpenAI API (deploy/gateway.cfg) and the sync programming it.
+
+HAProxy runs in master-worker mode so the sync can reload it through the master socket when a
+deployment (a backend) comes or goes; both parts keep their files in one private directory.
+Tests start gateways the same way (`gateway_parts`), two at once for the several-gateways case.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from devstack.ports import port_open
+from devstack.proxy import haproxy_binary
+
+# Clients' port for the OpenAI API, apart from the operators' pages and the agent API.
+DEFAULT_PORT = 8090
+
+
+def haproxy_command(directory: Path) -> list[str]:
+    # -W: master-worker (reload through the master socket); -db: stay in the foreground, logs to stdout.
+    return [haproxy_binary(), "-W", "-db", "-S", str(directory / "master.sock"), "-f", str(directory / "gateway.cfg")]
+
+
+def sync_command(python: str, manage: Path, directory: Path, bind: str, *extra: str) -> list[str]:
+    return [python, str(manage), "gateway_sync", "--dir", str(directory), "--bind", bind, *extra]
+
+
+def parts(stack, port: int = DEFAULT_PORT, name: str = "gateway") -> list:
+    """The gateway's HAProxy and sync as the stack's parts, after writing its first config (no database needed)."""
+    from devstack.stack import PYTHON, ROOT, Part  # the stack imports this module: imported when used
+
+    directory = stack.var / name
+    directory.mkdir(mode=0o700, exist_ok=True)
+    directory.chmod(0o700)
+    bind = f"127.0.0.1:{port}"
+    stack.manage(*sync_command(PYTHON, ROOT / "manage.py", directory, bind, "--render-only")[2:])
+    return [
+        Part(name, haproxy_command(directory), ready=lambda: port_open(port)),
+        Part(f"{name}-sync", sync_command(PYTHON, ROOT / "manage.py", directory, bind)),
+    ]
+
+
+def demo_key(stack) -> str | None:
+    """The demo tenant's key, made on the first run and kept in var/demo-api-key; None when it exists already."""
+    result = stack.manage("ensure_demo_key", "--key-file", str(stack.var / "demo-api-key"), capture=True)
+    words = result.stdout.split()
+    return words[1] if words[:1] == ["created"] else None
