@@ -104,14 +104,19 @@ TEMPLATES: dict[str, tuple[Template, ...]] = {
     "demo": (Template("0", ("python3",), _demo),),
 }
 
-# The environment variables each engine reads its API key from (llama-server, vLLM; the demo
-# engine and a "command" engine read LLMGW_ENGINE_API_KEY). Set from the deployment's secret,
-# so an engine answers only requests that carry it: the gateway's.
+# The environment variables engines read their API key from (llama-server, vLLM; the demo engine
+# and a "command" engine read LLMGW_ENGINE_API_KEY). Set from the deployment's secret, so an engine
+# answers only requests that carry it: the gateway's.
 API_KEY_VARIABLES = ("LLMGW_ENGINE_API_KEY", "LLAMA_API_KEY", "VLLM_API_KEY")
 
 
-def api_key_env(secret: str) -> dict[str, str]:
-    return dict.fromkeys(API_KEY_VARIABLES, secret)
+def api_key_env(secret: str, scrape_key: str = "") -> dict[str, str]:
+    """The variables for one shard. llama-server keeps /metrics behind its key as well (vLLM does not), and
+    takes a comma-separated list: Prometheus' scrape key joins the deployment's secret there."""
+    env = dict.fromkeys(API_KEY_VARIABLES, secret)
+    if scrape_key:
+        env["LLAMA_API_KEY"] = f"{secret},{scrape_key}"
+    return env
 
 
 # The "command" engine: the arguments are the whole command line, with {port} and {model} filled in.

@@ -7,6 +7,8 @@ Tests start gateways the same way (`gateway_parts`), two at once for the several
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 
 from devstack.ports import port_open
@@ -14,6 +16,30 @@ from devstack.proxy import haproxy_binary
 
 # Clients' port for the OpenAI API, apart from the operators' pages and the agent API.
 DEFAULT_PORT = 8090
+ENGINES_JOB = "  - job_name: llmgw-engines\n"
+
+
+def engine_scrape_key(var: Path, env: dict[str, str]) -> None:
+    """The key Prometheus sends to engines' /metrics, as a file in var/ (private from its creation) that both the
+    control plane (LLMGW_ENGINE_SCRAPE_KEY_FILE) and Prometheus read; made once, unless given."""
+    if env.get("LLMGW_ENGINE_SCRAPE_KEY_FILE"):
+        return
+    path = var / "engine-scrape-key"
+    given = env.pop("LLMGW_ENGINE_SCRAPE_KEY", "")
+    if given or not path.exists():
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(given or secrets.token_urlsafe(32))
+    env["LLMGW_ENGINE_SCRAPE_KEY_FILE"] = str(path)
+
+
+def with_engine_scrape_key(prometheus_config: str, key_file: str) -> str:
+    """deploy/prometheus.yml with the engines' job sending the scrape key, as its comment there shows."""
+    if ENGINES_JOB not in prometheus_config:
+        raise ValueError("deploy/prometheus.yml has no llmgw-engines job")
+    authorization = f"    authorization:\n      credentials_file: {key_file}\n"
+    return prometheus_config.replace(ENGINES_JOB, ENGINES_JOB + authorization, 1)
 
 
 def haproxy_command(directory: Path) -> list[str]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from devstack import proxy
+from devstack import gateway, proxy
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 
@@ -81,6 +81,7 @@ class Stack:
                 token_file.write_text(secrets.token_urlsafe(32))
                 token_file.chmod(0o600)
             self.env["LLMGW_JOIN_TOKEN_FILE"] = str(token_file)
+        gateway.engine_scrape_key(var_dir, self.env)
         self.parts: dict[str, Part] = {}
         # One-shot helpers (the demo's model fetch): stopped with the stack, never waited for.
         self.background: list[subprocess.Popen] = []
@@ -170,6 +171,7 @@ class Stack:
             return None
         config = self.var / "prometheus.yml"
         template = (ROOT / "deploy" / "prometheus.yml").read_text()
+        template = gateway.with_engine_scrape_key(template, self.env["LLMGW_ENGINE_SCRAPE_KEY_FILE"])
         config.write_text(template.replace("127.0.0.1:8000", f"127.0.0.1:{self.web_port}"))
         rules = ROOT / "deploy" / "rules"
         if rules.exists():

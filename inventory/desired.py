@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from django.conf import settings
+
 from agent import engine_templates, protocol
 from inventory import engine_wants
 from inventory.models import RUN_STATES, Deployment, ReplicaState, Shard
@@ -132,7 +134,7 @@ def shard_spec(shard: Shard, leader: str = "") -> protocol.ShardSpec:
         "LLMGW_SHARD_INDEX": str(shard.index),
         "LLMGW_SHARD_COUNT": str(deployment.shards_per_replica),
     }
-    env.update(engine_templates.api_key_env(deployment.engine_secret))
+    env.update(engine_templates.api_key_env(deployment.engine_secret, settings.LLMGW_ENGINE_SCRAPE_KEY or ""))
     if replica.fabric:
         env["NCCL_IB_HCA"] = ",".join(shard.hcas)
     if leader:
