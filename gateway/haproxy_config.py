@@ -17,9 +17,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "gateway.cfg"
-# The largest request body admitted; larger ones get 413 before reaching an engine. The
-# template's tune.bufsize leaves room for it with the headers.
+# The largest request body admitted by default; larger ones get 413 before reaching an engine.
+# req.body sees one buffer, so the buffer is sized to hold it (`Frontend.bufsize`). A buffer
+# that size costs CPU on every request (docs/gateway.md, "What it costs"): a fleet whose
+# prompts are smaller sets a smaller limit (`gateway_sync --max-body`).
 MAX_BODY = 262_144
+# Room in the buffer beside the body: the headers, and HAProxy's rewrite reserve (tune.maxrewrite).
+HEADER_ROOM = 16_384
 PRODUCTION_MAXCONN = 20_000
 # A replica's weight until engines' load reports set it (load-aware routing, another issue).
 DEFAULT_WEIGHT = 100
@@ -87,6 +91,18 @@ class Desired:
 
 
 @dataclass(frozen=True)
+class Frontend:
+    """How one gateway instance listens: its address, and the largest body it routes."""
+
+    bind: str
+    max_body: int = MAX_BODY
+
+    @property
+    def bufsize(self) -> int:
+        return self.max_body + HEADER_ROOM
+
+
+@dataclass(frozen=True)
 class Paths:
     """The files of one gateway instance, all in its own directory (private: the config holds secrets)."""
 
@@ -127,7 +143,7 @@ ERRORS: dict[int, tuple[str, str, str]] = {
     400: ("Bad Request", "The request could not be read", "invalid_request_error"),
     403: ("Forbidden", "Forbidden", "invalid_request_error"),
     408: ("Request Timeout", "The request was not received in time", "invalid_request_error"),
-    413: ("Payload Too Large", f"The request body is larger than {MAX_BODY} bytes", "invalid_request_error"),
+    413: ("Payload Too Large", "The request body is larger than {max_body} bytes", "invalid_request_error"),
     429: ("Too Many Requests", "Rate limit reached; retry after the time in Retry-After", "rate_limit_error"),
     500: ("Internal Server Error", "The gateway failed", "server_error"),
     502: ("Bad Gateway", "The model's engine gave an invalid response", "server_error"),
@@ -137,8 +153,9 @@ ERRORS: dict[int, tuple[str, str, str]] = {
 RETRY_AFTER = {429: 1, 503: 1}
 
 
-def error_page(status: int) -> bytes:
+def error_page(status: int, max_body: int = MAX_BODY) -> bytes:
     reason, message, kind = ERRORS[status]
+    message = message.format(max_body=max_body)
     body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
     headers = [
         f"HTTP/1.1 {status} {reason}",
@@ -181,17 +198,18 @@ def backend_section(backend: Backend) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(paths: Paths, bind: str, desired: Desired, template: str | None = None) -> str:
+def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | None = None) -> str:
     """deploy/gateway.cfg with its placeholders filled; a placeholder left over is a mistake, not a default."""
     text = TEMPLATE.read_text() if template is None else template
     fields = {
-        "bind": bind,
+        "bind": frontend.bind,
+        "bufsize": str(frontend.bufsize),
         "maxconn": str(max_connections()),
         "admin_socket": str(paths.admin_socket),
         "keys_map": str(paths.keys_map),
         "models_map": str(paths.models_map),
         "catalog_map": str(paths.catalog_map),
-        "max_body": str(MAX_BODY),
+        "max_body": str(frontend.max_body),
         "errorfiles": "\n".join(f"    errorfile {code} {paths.errors / f'{code}.http'}" for code in ERRORS),
         "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
     }
@@ -224,13 +242,13 @@ def write_private(path: Path, data: bytes) -> bool:
     return True
 
 
-def write_all(paths: Paths, bind: str, desired: Desired) -> bool:
+def write_all(paths: Paths, frontend: Frontend, desired: Desired) -> bool:
     """Every file of the instance, from `desired`; True when the config itself changed."""
     paths.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
     paths.errors.mkdir(mode=0o700, exist_ok=True)
     for code in ERRORS:
-        write_private(paths.errors / f"{code}.http", error_page(code))
+        write_private(paths.errors / f"{code}.http", error_page(code, frontend.max_body))
     write_private(paths.keys_map, map_text(desired.keys).encode())
     write_private(paths.models_map, map_text(desired.models_map()).encode())
     write_private(paths.catalog_map, map_text(desired.catalog_map()).encode())
-    return write_private(paths.config, render(paths, bind, desired).encode())
+    return write_private(paths.config, render(paths, frontend, desired).encode())

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway import haproxy_config
-from gateway.haproxy_config import Backend, Desired, Paths, ServerState
+from gateway.haproxy_config import Backend, Desired, Frontend, Paths, ServerState
 from gateway.runtime import ActualServer, Runtime, RuntimeError_
 
 log = logging.getLogger("llmgw.gateway")
@@ -37,9 +37,9 @@ class Pass:
 
 
 class Sync:
-    def __init__(self, paths: Paths, bind: str, read_desired: Callable[[], Desired]):
+    def __init__(self, paths: Paths, frontend: Frontend, read_desired: Callable[[], Desired]):
         self.paths = paths
-        self.bind = bind
+        self.frontend = frontend
         self.read_desired = read_desired
         self.runtime = Runtime(paths.admin_socket, paths.master_socket)
         self.desired: Desired | None = None
@@ -56,7 +56,7 @@ class Sync:
         if self.desired is None:
             return done
         desired = self.desired
-        config_changed = haproxy_config.write_all(self.paths, self.bind, desired)
+        config_changed = haproxy_config.write_all(self.paths, self.frontend, desired)
         try:
             if self._needs_reload(desired, config_changed):
                 self._reload(desired, done)

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from devstack import gateway as devgateway
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from gateway import haproxy_config, wanted
-from gateway.haproxy_config import Desired, Paths
+from gateway.haproxy_config import Desired, Frontend, Paths
 from gateway.models import ApiKey, Tenant
 from gateway.runtime import Runtime
 from gateway.sync import Sync
@@ -58,12 +59,12 @@ class Engine:
 class Gateway:
     """One gateway instance: its HAProxy started as devstack starts it, and its sync."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, max_body: int = haproxy_config.MAX_BODY):
         self.port = free_port()
         self.paths = Paths(directory)
-        self.bind = f"127.0.0.1:{self.port}"
-        haproxy_config.write_all(self.paths, self.bind, Desired())
-        self.sync = Sync(self.paths, self.bind, wanted.read)
+        self.frontend = Frontend(f"127.0.0.1:{self.port}", max_body)
+        haproxy_config.write_all(self.paths, self.frontend, Desired())
+        self.sync = Sync(self.paths, self.frontend, wanted.read)
         self.start()
 
     def start(self) -> None:
@@ -85,7 +86,7 @@ class Gateway:
 
     def post(self, path: str, body, key: str | None, **kwargs) -> requests.Response:
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        data = body if isinstance(body, bytes | Iterator) else json.dumps(body).encode()
         return requests.post(self.url(path), data=data, headers=headers, timeout=10, **kwargs)
 
     def servers(self, backend: str = "m_chat") -> dict:
@@ -220,6 +221,23 @@ def test_a_body_of_200_kb_still_routes(gateway, engine, key):
     one_engine(gateway, engine)
     answer = gateway.post("/v1/completions", {"model": "chat", "prompt": "word " * 40_000, "max_tokens": 1}, key)
     assert answer.status_code == 200, answer.text
+
+
+@pytest.mark.django_db
+def test_a_smaller_body_limit_is_kept_chunked_or_not(tmp_path, engine, key):
+    small = Gateway(tmp_path / "small", max_body=4096)
+    try:
+        one_engine(small, engine)
+        fits = {"model": "chat", "prompt": "w " * 1500, "max_tokens": 1}
+        assert small.post("/v1/completions", fits, key).status_code == 200
+        over = json.dumps({"model": "chat", "prompt": "w " * 3000}).encode()
+        answer = small.post("/v1/completions", over, key)
+        assert answer.status_code == 413 and "4096" in answer.json()["error"]["message"]
+        # Without a length in the headers: refused once the body fills the buffer.
+        chunked = small.post("/v1/completions", iter([over[:3000], over[3000:]]), key)
+        assert chunked.status_code == 413
+    finally:
+        small.stop()
 
 
 @pytest.mark.django_db
