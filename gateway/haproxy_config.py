@@ -18,9 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "gateway.cfg"
 # The largest request body admitted by default; larger ones get 413 before reaching an engine.
-# req.body sees one buffer, so the buffer is sized to hold it (`Frontend.bufsize`). A buffer
-# that size costs CPU on every request (docs/gateway.md, "What it costs"): a fleet whose
-# prompts are smaller sets a smaller limit (`gateway_sync --max-body`).
+# req.body sees one buffer, so the buffer is sized to hold it (`Frontend.bufsize`); HAProxy
+# needs glibc's allocator fixed for buffers this large (docs/gateway.md, "What it costs"), and
+# a fleet whose prompts are smaller may set a smaller limit (`gateway_sync --max-body`).
 MAX_BODY = 262_144
 # Room in the buffer beside the body: the headers, and HAProxy's rewrite reserve (tune.maxrewrite).
 HEADER_ROOM = 16_384

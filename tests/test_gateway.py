@@ -70,6 +70,7 @@ class Gateway:
     def start(self) -> None:
         self.process = subprocess.Popen(
             devgateway.haproxy_command(self.paths.directory),
+            env={**os.environ, **devgateway.HAPROXY_ENV},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
