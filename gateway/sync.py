@@ -62,8 +62,9 @@ class Sync:
                 self._reload(desired, done)
             elif self.loaded_shape is None:
                 self.loaded_shape = desired.shape()
+            actual = self.runtime.servers()
             for backend in desired.backends.values():
-                self._repair_servers(backend, done)
+                self._repair_servers(backend, actual.get(backend.name, {}), done)
             self._repair_map(self.paths.models_map, desired.models_map(), done)
             self._repair_map(self.paths.keys_map, desired.keys, done)
             self._repair_map(self.paths.catalog_map, desired.catalog_map(), done)
@@ -106,8 +107,7 @@ class Sync:
 
     # -- servers --------------------------------------------------------------------------------
 
-    def _repair_servers(self, backend: Backend, done: Pass) -> None:
-        actual = self.runtime.servers(backend.name)
+    def _repair_servers(self, backend: Backend, actual: dict[str, ActualServer], done: Pass) -> None:
         wanted = {s.name: s for s in backend.servers}
         for name, server in wanted.items():
             where = f"{backend.name}/{name}"

@@ -104,7 +104,7 @@ class Gateway:
         return requests.post(self.url(path), data=data, headers=headers, timeout=10, **kwargs)
 
     def servers(self, backend: str = "m_chat") -> dict:
-        return Runtime(self.paths.admin_socket).servers(backend)
+        return Runtime(self.paths.admin_socket).servers(backend).get(backend, {})
 
 
 @pytest.fixture
