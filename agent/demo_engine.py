@@ -1,21 +1,27 @@
 """A stand-in inference engine for machines without a model. It is a demo, not an engine.
 
 `python -m agent.demo_engine --port 8100` serves a minimal OpenAI-style
-`POST /v1/completions` that burns CPU and holds memory for each request in
-proportion to `max_tokens`, and `GET /metrics` with gauges named as vLLM names
-them (`vllm:num_requests_running`, `vllm:num_requests_waiting`), so the agent,
-Prometheus and the pages have something real to measure. The "text" it returns
-is made up.
+`POST /v1/completions` and `POST /v1/chat/completions` (streamed as server-sent
+events ending in `data: [DONE]` when asked) that burn CPU and hold memory for each
+request in proportion to `max_tokens`, and `GET /metrics` with gauges named as vLLM
+names them (`vllm:num_requests_running`, `vllm:num_requests_waiting`), so the agent,
+Prometheus and the pages have something real to measure. The "text" it returns is
+made up. With `LLMGW_ENGINE_API_KEY` set, as the agent starts it, `/v1/` requests
+must carry it as `Authorization: Bearer …`, as llama-server's and vLLM's do.
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import hmac
 import json
+import os
+import sys
 import threading
 import time
 import uuid
+from collections.abc import Generator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 MAX_TOKENS = 4096
@@ -34,21 +40,8 @@ class Engine:
         self.generation_tokens = 0
 
     def complete(self, prompt: str, max_tokens: int) -> dict:
-        with self.lock:
-            self.waiting += 1
-        with self.slots:
-            with self.lock:
-                self.waiting -= 1
-                self.running += 1
-            try:
-                text = self._generate(prompt, max_tokens)
-            finally:
-                with self.lock:
-                    self.running -= 1
+        text = self.generate(prompt, max_tokens)
         prompt_tokens = len(prompt.split())
-        with self.lock:
-            self.prompt_tokens += prompt_tokens
-            self.generation_tokens += max_tokens
         return {
             "id": f"cmpl-{uuid.uuid4().hex[:12]}",
             "object": "text_completion",
@@ -62,19 +55,41 @@ class Engine:
             },
         }
 
-    def _generate(self, prompt: str, max_tokens: int) -> str:
+    def generate(self, prompt: str, max_tokens: int) -> str:
+        return " ".join(self.words(prompt, max_tokens))
+
+    def words(self, prompt: str, max_tokens: int) -> Generator[str]:
+        """The made-up words one by one, after waiting for a slot as a real engine's queue would.
+
+        The slot is held until the last word is taken (or the generator is closed: a client
+        that went away), so a stream counts as running for as long as it runs.
+        """
+        with self.lock:
+            self.waiting += 1
+        with self.slots:
+            with self.lock:
+                self.waiting -= 1
+                self.running += 1
+                self.prompt_tokens += len(prompt.split())
+            try:
+                yield from self._generate(prompt, max_tokens)
+            finally:
+                with self.lock:
+                    self.running -= 1
+
+    def _generate(self, prompt: str, max_tokens: int) -> Iterator[str]:
         # Memory held for the whole request, touched page by page so it is resident, like a KV cache.
         cache = bytearray(self.bytes_per_token * max_tokens)
         for i in range(0, len(cache), 4096):
             cache[i] = 1
         digest = hashlib.sha256(prompt.encode()).digest()
-        words = []
         for _ in range(max_tokens):
             deadline = time.thread_time() + self.cpu_seconds_per_token
             while time.thread_time() < deadline:
                 digest = hashlib.sha256(digest).digest()
-            words.append(f"w{digest[0]:02x}")
-        return " ".join(words)
+            with self.lock:
+                self.generation_tokens += 1
+            yield f"w{digest[0]:02x}"
 
     def metrics(self) -> str:
         with self.lock:
@@ -97,8 +112,19 @@ class Engine:
         )
 
 
+def chat_prompt(messages) -> str:
+    """The messages' contents joined, as a chat template would feed them to a model."""
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("content", ""), str) for m in messages
+    ):
+        raise ValueError("messages must be a list of objects with string contents")
+    return "\n".join(m.get("content", "") for m in messages)
+
+
 class Handler(BaseHTTPRequestHandler):
     engine: Engine
+    # Empty: every request is answered (a demo started by hand).
+    api_key: str = ""
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
 
@@ -113,22 +139,83 @@ class Handler(BaseHTTPRequestHandler):
             self._json(404, {"error": {"message": "not found"}})
 
     def do_POST(self):
-        if self.path != "/v1/completions":
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._json(404, {"error": {"message": "not found"}})
             return
+        if not self._authorized():
+            self._json(401, {"error": {"message": "invalid api key", "type": "authentication_error"}})
+            return
+        chat = self.path == "/v1/chat/completions"
         try:
             length = int(self.headers.get("Content-Length", "0"))
             if not 0 <= length <= 1_000_000:
                 raise ValueError("body too large")
             request = json.loads(self.rfile.read(length) or b"{}")
-            prompt = request.get("prompt", "")
+            prompt = chat_prompt(request.get("messages")) if chat else request.get("prompt", "")
             max_tokens = request.get("max_tokens", 16)
             if not isinstance(prompt, str) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS:
                 raise ValueError(f"prompt must be a string and max_tokens an integer from 1 to {MAX_TOKENS}")
         except (ValueError, AttributeError) as exc:
             self._json(400, {"error": {"message": str(exc)}})
             return
-        self._json(200, self.engine.complete(prompt, max_tokens))
+        if request.get("stream") is True:
+            self._stream(prompt, max_tokens, chat)
+        elif chat:
+            self._json(200, self._chat(self.engine.complete(prompt, max_tokens)))
+        else:
+            self._json(200, self.engine.complete(prompt, max_tokens))
+
+    def _authorized(self) -> bool:
+        if not self.api_key:
+            return True
+        sent = self.headers.get("Authorization", "").removeprefix("Bearer ")
+        return hmac.compare_digest(sent.encode(), self.api_key.encode())
+
+    def _chat(self, completion: dict) -> dict:
+        choice = completion["choices"][0]
+        return {
+            **completion,
+            "id": "chat" + completion["id"],
+            "object": "chat.completion",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": choice["text"]},
+                    "finish_reason": choice["finish_reason"],
+                }
+            ],
+        }
+
+    def _stream(self, prompt: str, max_tokens: int, chat: bool) -> None:
+        """Server-sent events, one per word, then `[DONE]`: the shape OpenAI clients read."""
+        ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:12]}"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        words = self.engine.words(prompt, max_tokens)
+        try:
+            for i, word in enumerate(words):
+                self._event(ident, chat, word if i == 0 else " " + word, "length" if i == max_tokens - 1 else None)
+            self._chunk(b"data: [DONE]\n\n")
+            self._chunk(b"")
+        finally:
+            # A client gone mid-stream: the words stop being made and the slot is freed.
+            words.close()
+
+    def _event(self, ident: str, chat: bool, piece: str, finish: str | None) -> None:
+        if chat:
+            choice = {"index": 0, "delta": {"content": piece}, "finish_reason": finish}
+            event = {"id": ident, "object": "chat.completion.chunk", "model": self.engine.model}
+        else:
+            choice = {"index": 0, "text": piece, "finish_reason": finish}
+            event = {"id": ident, "object": "text_completion", "model": self.engine.model}
+        self._chunk(f"data: {json.dumps({**event, 'choices': [choice]})}\n\n".encode())
+
+    def _chunk(self, data: bytes) -> None:
+        self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
 
     def _json(self, status: int, body: dict) -> None:
         self._send(status, json.dumps(body).encode(), "application/json")
@@ -144,6 +231,16 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        # A client (or a proxy closing an idle pooled connection) gone is the normal end of a connection.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agent.demo_engine", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -154,9 +251,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-running", type=int, default=4, help="requests served at once; the rest wait")
     args = parser.parse_args(argv)
     Handler.engine = Engine(args.model, args.cpu_ms_per_token, args.kib_per_token, args.max_running)
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    server.daemon_threads = True
-    server.serve_forever()
+    Handler.api_key = os.environ.get("LLMGW_ENGINE_API_KEY", "")
+    Server((args.host, args.port), Handler).serve_forever()
 
 
 if __name__ == "__main__":

@@ -194,6 +194,8 @@ class Runner:
         spec = shard.spec
         shard.kill_at, shard.detail = None, ""
         env = {**self.env, **spec.env}
+        if spec.engine in enginekinds.BY_NAME:
+            env = enginekinds.get(spec.engine).environment(env)
         try:
             command = self._command(shard, env)
             logfile = self._logfile(spec.shard)

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from devstack import tls
+from devstack import gateway, tls
 from devstack.stack import ROOT, Stack
 
 HTTPS_PORT = 8443
@@ -41,6 +41,9 @@ def main() -> int:
         stack.manage("setup_demo", "--var-dir", str(var), "--control-plane", base, "--ca-file", ca, capture=True)
         stack.fetch_demo_model()
         stack.start(stack.agent_part())
+        for part in gateway.parts(stack):
+            stack.start(part)
+        demo_key = gateway.demo_key(stack)
     except Exception as exc:
         print(f"llmgw: could not start: {exc}", file=sys.stderr)
         stack.stop_all()
@@ -55,6 +58,7 @@ def main() -> int:
     print(f"  certificates   made by the stack's own CA, {tls.ensure(var).ca}: trust it (the agent does, by file)")
     backends = ", ".join(f"127.0.0.1:{b.port}" for b in stack.backends)
     print(f"  proxy          HAProxy at {base} and {plain}, before granian at {backends} ({stack.var / 'haproxy.cfg'})")
+    print(f"  gateway        http://127.0.0.1:{gateway.DEFAULT_PORT}/v1 (OpenAI API; HAProxy, {stack.var / 'gateway'})")
     if "prometheus" in stack.parts:
         print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
     if redis:
@@ -68,6 +72,10 @@ def main() -> int:
         print(f"  admin user     admin / {password}   (shown once; kept in {var / 'admin-password'})")
     else:
         print("  admin user     exists already (password in var/admin-password if make run created it)")
+    if demo_key:
+        print(f"  API key        {demo_key}   (tenant demo; shown once; kept in {var / 'demo-api-key'})")
+    else:
+        print(f"  API key        exists already (in {var / 'demo-api-key'})")
     print("Ctrl-C stops everything.")
     sys.stdout.flush()
     while not stopping:

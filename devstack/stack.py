@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from devstack import proxy, tls
+from devstack import gateway, proxy, tls
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from lib.private_files import write_private
@@ -103,6 +103,7 @@ class Stack:
             if not self.join_token_file.exists():
                 write_private(self.join_token_file, secrets.token_urlsafe(32))
             self.env["LLMGW_JOIN_TOKEN_FILE"] = str(self.join_token_file)
+        gateway.engine_scrape_key(var_dir, self.env)
         self.parts: dict[str, Part] = {}
         # One-shot helpers (the demo's model fetch): stopped with the stack, never waited for.
         self.background: list[subprocess.Popen] = []
@@ -220,6 +221,7 @@ class Stack:
             return None
         config = self.var / "prometheus.yml"
         template = (ROOT / "deploy" / "prometheus.yml").read_text()
+        template = gateway.with_engine_scrape_key(template, self.env["LLMGW_ENGINE_SCRAPE_KEY_FILE"])
         config.write_text(template.replace("127.0.0.1:8000", f"127.0.0.1:{self.web_port}"))
         rules = ROOT / "deploy" / "rules"
         if rules.exists():

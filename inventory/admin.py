@@ -502,12 +502,33 @@ def shard_summary(shards) -> str:
 
 @admin.register(Deployment)
 class DeploymentAdmin(admin.ModelAdmin):
-    list_display = ("name", "engine", "model_source", "replicas", "running_display", "cannot_place")
+    list_display = (
+        "name",
+        "served_model_name",
+        "engine",
+        "model_source",
+        "replicas",
+        "running_display",
+        "cannot_place",
+    )
     list_filter = ("engine",)
-    search_fields = ("name", "model_source")
+    search_fields = ("name", "served_model_name", "model_source")
     inlines = (ReplicaInline,)
     fieldsets = (
-        (None, {"fields": ("name", "model_source", "engine", "arguments", "secret_arguments", "replicas")}),
+        (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "served_model_name",
+                    "model_source",
+                    "engine",
+                    "arguments",
+                    "secret_arguments",
+                    "replicas",
+                )
+            },
+        ),
         (
             "Profile: what one shard needs",
             {

@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import NamedTuple
 
+from django.conf import settings
+
 from agent import enginekinds, protocol
 from inventory import endpoints, engine_wants
 from inventory.models import RUN_STATES, Deployment, ReplicaState, Shard
@@ -128,6 +130,9 @@ def shard_spec(shard: Shard, leader: str = "") -> protocol.ShardSpec:
         "LLMGW_SHARD_INDEX": str(shard.index),
         "LLMGW_SHARD_COUNT": str(deployment.shards_per_replica),
     }
+    env[enginekinds.API_KEY_ENV] = deployment.engine_secret
+    if settings.LLMGW_ENGINE_SCRAPE_KEY:
+        env[enginekinds.SCRAPE_KEY_ENV] = settings.LLMGW_ENGINE_SCRAPE_KEY
     if replica.fabric:
         env["NCCL_IB_HCA"] = ",".join(shard.hcas)
     if leader:

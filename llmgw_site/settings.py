@@ -29,6 +29,9 @@ try:
     PROMETHEUS_URL = env_str("PROMETHEUS_URL", "http://127.0.0.1:9090")
     LLMGW_JOIN_TOKEN = env_str("LLMGW_JOIN_TOKEN", "")
     LLMGW_METRICS_TOKEN = env_str("LLMGW_METRICS_TOKEN", "")
+    # Engines answer only their deployment's secret (the gateway's); llama-server keeps /metrics behind
+    # it too, so this fleet-wide key, which Prometheus sends, is given to llama-server as a second one.
+    LLMGW_ENGINE_SCRAPE_KEY = env_str("LLMGW_ENGINE_SCRAPE_KEY", "")
     LLMGW_HEARTBEAT_INTERVAL = env_float("LLMGW_HEARTBEAT_INTERVAL", 5.0, minimum=0.1)
     LLMGW_UNREACHABLE_AFTER = env_float("LLMGW_UNREACHABLE_AFTER", 30.0, minimum=0.1)
     LLMGW_LOST_AFTER = env_float("LLMGW_LOST_AFTER", 300.0, minimum=0.1)
@@ -106,6 +109,7 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "opsapi",
+    "gateway",
 ]
 
 MIDDLEWARE = [

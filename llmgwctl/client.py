@@ -75,6 +75,9 @@ class Client:
     def patch(self, path: str, body: dict) -> requests.Response:
         return self.request("PATCH", path, json=body)
 
+    def delete(self, path: str) -> requests.Response:
+        return self.request("DELETE", path)
+
 
 def _message(response: requests.Response) -> str:
     try:

@@ -169,6 +169,33 @@ def events(args: Namespace) -> int:
             time.sleep(POLL_SECONDS)
 
 
+def keys(args: Namespace) -> int:
+    """`llmgw keys [list|create|revoke]`: the gateway's API keys; a made key is printed this once."""
+    api = client()
+    if args.action == "create":
+        body = {"tenant": args.tenant, "name": args.name or ""}
+        if args.expires:
+            body["expires_at"] = args.expires
+        response = api.post("/keys/", body)
+        if args.output == "json":
+            return _raw(response)
+        made = response.json()
+        out(f"key {made['id']} for tenant {made['tenant']} (shown once, copy it now):\n{made['key']}")
+        return OK
+    if args.action == "revoke":
+        response = api.delete(f"/keys/{args.id}/")
+        if args.output == "json":
+            return _raw(response)
+        out(f"key {args.id} ({response.json()['prefix']}…) revoked")
+        return OK
+    response = api.get("/keys/", tenant=args.tenant)
+    if args.output == "json":
+        return _raw(response)
+    rows = response.json()
+    out(show.keys(rows, _width(False)) if rows else "no keys")
+    return OK
+
+
 def _raw(response) -> int:
     sys.stdout.write(response.text + ("" if response.text.endswith("\n") else "\n"))
     return OK

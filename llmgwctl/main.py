@@ -90,6 +90,20 @@ def parser() -> argparse.ArgumentParser:
     scale.add_argument("-o", "--output", choices=["json"])
     scale.set_defaults(run=commands.scale)
 
+    keys = sub.add_parser("keys", help="the gateway's API keys: list, create (shown once), revoke")
+    key_actions = keys.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
+    listing = key_actions.add_parser("list", help="list keys (the default)")
+    listing.add_argument("--tenant", help="only this tenant's keys")
+    create = key_actions.add_parser("create", help="make a key for a tenant; printed once")
+    create.add_argument("tenant", metavar="TENANT")
+    create.add_argument("--name", help="what the key is for")
+    create.add_argument("--expires", metavar="ISO-DATE", help="when it stops working, e.g. 2027-06-30T00:00:00Z")
+    revoke = key_actions.add_parser("revoke", help="revoke a key by its id: gateways refuse it within a second")
+    revoke.add_argument("id", type=int, metavar="ID")
+    for each in (keys, listing, create, revoke):
+        each.add_argument("-o", "--output", choices=["json"])
+    keys.set_defaults(run=commands.keys, action="list", tenant=None)
+
     events = sub.add_parser("events", help="node events; --follow keeps printing new ones")
     events.add_argument("--node", metavar="ID")
     events.add_argument("--since", type=int, metavar="CURSOR", help="after this event id")

@@ -125,5 +125,13 @@ def deployments(rows: list[dict], width: int = 80) -> str:
     for d in rows:
         waiting = d["not_placed"][0]["reason"] if d["not_placed"] else "—"
         running = f"{d['replicas_running']}/{d['replicas_wanted']}"
-        cells.append((d["name"], d["engine"], running, str(len(d["not_placed"])), waiting))
-    return table(("NAME", "ENGINE", "RUNNING", "PENDING", "WHY PENDING"), cells, width, shrink=(0, 4))
+        cells.append((d["name"], d["served_model_name"], d["engine"], running, str(len(d["not_placed"])), waiting))
+    return table(("NAME", "MODEL", "ENGINE", "RUNNING", "PENDING", "WHY PENDING"), cells, width, shrink=(0, 1, 5))
+
+
+def keys(rows: list[dict], width: int = 80) -> str:
+    cells = []
+    for k in rows:
+        state = "revoked" if k["revoked_at"] else ("expires " + k["expires_at"][:10] if k["expires_at"] else "usable")
+        cells.append((str(k["id"]), k["tenant"], k["prefix"] + "…", k["name"] or "—", k["created_at"][:10], state))
+    return table(("ID", "TENANT", "KEY", "NAME", "MADE", "STATE"), cells, width, shrink=(3,))

@@ -22,6 +22,7 @@ def deployment_fields(deployment: Deployment, may_change: bool) -> dict:
     replicas = list(deployment.replica_set.all())
     return {
         "name": deployment.name,
+        "served_model_name": deployment.served_model_name,
         "model_source": deployment.model_source,
         "engine": deployment.engine,
         "arguments": deployment.arguments_for(may_change),

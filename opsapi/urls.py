@@ -3,7 +3,7 @@
 from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView
 
-from opsapi.views import actions, deployments, events, me, nodes
+from opsapi.views import actions, deployments, events, gateway, me, nodes
 from opsapi.views.base import unknown_path
 
 urlpatterns = [
@@ -16,6 +16,9 @@ urlpatterns = [
     path("deployments/", deployments.DeploymentList.as_view(), name="opsapi-deployments"),
     path("deployments/<str:name>/", deployments.DeploymentDetail.as_view(), name="opsapi-deployment"),
     path("events/", events.Events.as_view(), name="opsapi-events"),
+    path("tenants/", gateway.TenantList.as_view(), name="opsapi-tenants"),
+    path("keys/", gateway.KeyList.as_view(), name="opsapi-keys"),
+    path("keys/<int:key_id>/", gateway.KeyDetail.as_view(), name="opsapi-key"),
     # Anything else under the prefix is a JSON 404 too, not the site's HTML page.
     re_path(r"^", unknown_path),
 ]

@@ -6,10 +6,11 @@ import io
 from ipaddress import ip_network
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.test import override_settings
 
-from agent import protocol
+from agent import admission, enginekinds, protocol
 from devstack.faults import redis_unreachable
 from inventory.desired import orders
 from inventory.models import Allocation, Deployment, Engine, GPUClaim, Node, Replica, ReplicaState, Shard
@@ -49,6 +50,44 @@ def test_a_multi_node_shard_gets_its_gpus_and_only_its_fabrics_adapters(db):
 
 def spec_a_addr() -> str:
     return Node.objects.get(pk="a").mgmt_addr
+
+
+@override_settings(LLMGW_ENGINE_SCRAPE_KEY="scrape-key")
+def test_a_shards_engine_is_given_its_deployments_secret_and_llama_server_the_scrape_key(db):
+    node("a", gpus=2)
+    made = deployment(engine=Engine.LLAMA_CPP, gpus_per_shard=0, gpu_class="", served_model_name="chat")
+    other = deployment("other", engine=Engine.VLLM, gpus_per_shard=1)
+    assert len(made.engine_secret) >= 40 and made.engine_secret != other.engine_secret
+    reconcile()
+    specs = {spec.replica.rsplit("-r", 1)[0]: spec for spec in orders("a").shards}
+    # The control plane names only llmgw's variables (the agent admits no other) ...
+    assert specs["llama"].env[enginekinds.API_KEY_ENV] == made.engine_secret
+    assert specs["llama"].env[enginekinds.SCRAPE_KEY_ENV] == "scrape-key"
+    assert specs["other"].env[enginekinds.API_KEY_ENV] == other.engine_secret
+    assert [admission.shard_refusal(spec, ()) for spec in specs.values()] == [None, None]
+    # ... and the agent puts them where each engine's record says it reads them.
+    llama_env = enginekinds.get("llama.cpp").environment(specs["llama"].env)
+    assert llama_env["LLAMA_API_KEY"] == f"{made.engine_secret},scrape-key"
+    assert enginekinds.get("vllm").environment(specs["other"].env)["VLLM_API_KEY"] == other.engine_secret
+    # Never on the command line, where any user of the node could read it.
+    assert made.engine_secret not in " ".join(specs["llama"].command)
+
+
+def test_a_served_model_name_defaults_to_the_name_and_is_never_a_path(db):
+    assert deployment("plain").served_model_name == "plain"
+    for bad in ("/models/x.gguf", "org/model", "two words", "-dash"):
+        with pytest.raises(ValidationError) as raised:
+            Deployment(name="x", model_source="m", served_model_name=bad).full_clean()
+        assert "served_model_name" in raised.value.message_dict
+    with pytest.raises(ValidationError) as raised:
+        Deployment(name="y", model_source="m", served_model_name="plain").full_clean()
+    assert "served_model_name" in raised.value.message_dict
+    # Another deployment's name taken as a default still clashes, named on the field.
+    Deployment.objects.filter(name="plain").update(served_model_name="chat")
+    Deployment.objects.create(name="z", model_source="m", served_model_name="plain-z")
+    with pytest.raises(ValidationError) as raised:
+        Deployment(name="chat", model_source="m").full_clean()
+    assert "served_model_name" in raised.value.message_dict
 
 
 def test_a_single_node_cpu_shard_sees_no_gpu_and_no_fabric(db):

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = (
     "nodes",
     "opsapi",
+    "gateway",
     "inventory",
     "livestate",
     "agent",
@@ -59,6 +60,7 @@ def test_the_tree_keeps_every_contract():
     [
         ("livestate/wrong.py", "import inventory.models\n", "web app > domain > live state > wire protocol"),
         ("inventory/wrong.py", "from nodes import ratelimit\n", "web app > domain > live state > wire protocol"),
+        ("inventory/wrong.py", "from gateway import models\n", "web app > domain > live state > wire protocol"),
         ("agent/protocol_wrong.py", "import livestate\n", "the agent runs on GPU machines"),
         ("agent/wrong.py", "from django.conf import settings\n", "the agent runs on GPU machines"),
         # The engine kinds' records sit at the bottom beside the protocol, independent of it.

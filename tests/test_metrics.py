@@ -62,7 +62,13 @@ def test_a_fresh_load_is_exported_with_its_exact_values(client, placed, redis_cl
     }
     assert of(found, "llmgw_node_memory_used_bytes", **node) == 123 * 2**30
     assert of(found, "llmgw_node_memory_available_bytes", **node) == 389 * 2**30
-    shard = {**node, "shard": "llama-r1-s0", "replica": "llama-r1", "model": "meta-llama/Llama-3.1-8B"}
+    shard = {
+        **node,
+        "shard": "llama-r1-s0",
+        "replica": "llama-r1",
+        "model": "meta-llama/Llama-3.1-8B",
+        "served_model": "llama",
+    }
     assert of(found, "llmgw_shard_cpu_cores", **shard) == 2.75
     assert of(found, "llmgw_shard_memory_bytes", **shard) == 7 * 2**30
     # Only ready-1 sent a load.
@@ -88,6 +94,7 @@ def test_a_load_older_than_the_limit_is_left_out_and_the_inventory_stays(client,
             shard="llama-r1-s0",
             replica="llama-r1",
             model="meta-llama/Llama-3.1-8B",
+            served_model="llama",
         )
         == 2
     )
@@ -140,7 +147,13 @@ def test_the_inventory_is_exported_for_every_node(client, placed, redis_client):
         )
         == 1
     )
-    shard = {"node": "ready-1", "shard": "llama-r1-s0", "replica": "llama-r1", "model": "meta-llama/Llama-3.1-8B"}
+    shard = {
+        "node": "ready-1",
+        "shard": "llama-r1-s0",
+        "replica": "llama-r1",
+        "model": "meta-llama/Llama-3.1-8B",
+        "served_model": "llama",
+    }
     assert of(found, "llmgw_shard_memory_claim_bytes", **shard) == 64 * 2**30
     assert of(found, "llmgw_loadstore_up") == 1
 

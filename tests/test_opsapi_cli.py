@@ -15,6 +15,7 @@ import requests
 import time_machine
 from django.db import OperationalError, connection
 
+from gateway.models import ApiKey, Tenant, key_digest
 from inventory.models import Deployment, Node
 from inventory.reconcile import reconcile
 from llmgwctl.main import main
@@ -197,3 +198,20 @@ def test_an_unreachable_control_plane_is_exit_6_in_one_line(capsys, monkeypatch,
     monkeypatch.setenv("LLMGW_TOKEN", "llmgw-ops-0123456789abcdef.x")
     code, _, err = run(capsys, "nodes")
     assert code == 6 and err.startswith("llmgw: cannot reach") and err.count("\n") == 1
+
+
+def test_keys_create_list_revoke(capsys, logged_in):
+    Tenant.objects.create(name="acme")
+    code, out, _ = run(capsys, "keys", "create", "acme", "--name", "billing")
+    assert code == 0
+    secret = out.splitlines()[-1]
+    (made,) = ApiKey.objects.all()
+    assert made.digest == key_digest(secret)
+    code, out, _ = run(capsys, "keys")
+    assert code == 0 and made.prefix in out and secret not in out and "usable" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    code, out, _ = run(capsys, "keys", "revoke", str(made.pk))
+    assert code == 0 and "revoked" in out
+    assert run(capsys, "keys", "list", "--tenant", "acme")[1].count("revoked") == 1
+    code, _, err = run(capsys, "keys", "create", "nobody")
+    assert code != 0 and "tenant" in err

@@ -16,6 +16,7 @@ from jsonschema import Draft202012Validator
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
+from gateway.models import ApiKey
 from inventory.models import NodeEvent
 from inventory.reconcile import reconcile
 from tests.opsapi_support import API, Caller, make_token
@@ -101,6 +102,14 @@ def test_every_documented_endpoint_answers_as_documented(client, operator, clust
     api.call("get", "/events/", since=0, limit=1)
     api.call("get", "/events/", since=-1)
     api.call("delete", "/deployments/demo/")
+    api.call("post", "/tenants/", {"name": "acme"})
+    api.call("post", "/tenants/", {"name": "not one word"})
+    api.call("get", "/tenants/")
+    api.call("post", "/keys/", {"tenant": "acme", "name": "billing"})
+    api.call("post", "/keys/", {"tenant": "ghost"})
+    api.call("get", "/keys/", tenant="acme")
+    api.call("delete", f"/keys/{ApiKey.objects.get().pk}/")
+    api.call("delete", "/keys/999999/")
 
     anonymous = Checked(Caller(client, "not-a-token"), document)
     anonymous.call("get", "/nodes/")

@@ -129,6 +129,7 @@ def test_prometheus_scrapes_the_fleet_and_reads_the_values_back(cluster, redis_c
                 "shard": "llama-r1-s0",
                 "replica": "llama-r1",
                 "model": "meta-llama/Llama-3.1-8B",
+                "served_model": "llama",
             }.items()
         ): 9 * 2**30
     }

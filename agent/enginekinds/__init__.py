@@ -18,11 +18,23 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agent.enginekinds import command, demo, llama_cpp, sglang, vllm
-from agent.enginekinds.record import EngineKind, Installer, Launch, Readiness, Signal, Source, version_key
+from agent.enginekinds.record import (
+    API_KEY_ENV,
+    SCRAPE_KEY_ENV,
+    EngineKind,
+    Installer,
+    Launch,
+    Readiness,
+    Signal,
+    Source,
+    version_key,
+)
 
 __all__ = [
+    "API_KEY_ENV",
     "KINDS",
     "NAMES",
+    "SCRAPE_KEY_ENV",
     "EngineKind",
     "Installer",
     "Launch",

@@ -40,4 +40,6 @@ KIND = EngineKind(
         ),
     ),
     install=Install(Installer.SDIST_BUILD, pinned="0.3.36", default_variant="cpu"),
+    api_key_variable="LLAMA_API_KEY",
+    metrics_behind_key=True,
 )

@@ -8,12 +8,19 @@ agent's dependencies, and the agent without Django.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 # Engines listen on every address: Prometheus and clients reach them from elsewhere.
 LISTEN = "0.0.0.0"
+
+# What the control plane sets in a shard's environment: the deployment's secret, which only
+# the gateways send (so an engine answers only them), and the key Prometheus scrapes with.
+# The agent puts them where its record says the engine reads them; the control plane never
+# names an engine's own variables, which the agent's admission would refuse.
+API_KEY_ENV = "LLMGW_ENGINE_API_KEY"
+SCRAPE_KEY_ENV = "LLMGW_ENGINE_SCRAPE_KEY"
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,11 @@ class EngineKind:
     install: Install | None = None  # None: llmgw installs nothing for it
     placeable: bool = True  # whether the control plane may place deployments of it
     needs_model: bool = True
+    # The variable it reads its API key from; empty: it reads API_KEY_ENV itself (or has no key).
+    api_key_variable: str = ""
+    # Whether it keeps /metrics behind that key too, taking a comma-separated list of keys
+    # (llama-server): Prometheus' scrape key then joins the deployment's secret.
+    metrics_behind_key: bool = False
 
     @property
     def free_form(self) -> bool:
@@ -158,6 +170,15 @@ class EngineKind:
             return command[0] in allowed_programs
         starts = ((*t.program, *t.lead) for t in self.templates)
         return any(tuple(command[: len(start)]) == start for start in starts)
+
+    def environment(self, env: Mapping[str, str]) -> dict[str, str]:
+        """`env` with the shard's API key also where this engine reads it."""
+        out = dict(env)
+        key = out.get(API_KEY_ENV, "")
+        if key and self.api_key_variable:
+            scrape = out.get(SCRAPE_KEY_ENV, "")
+            out[self.api_key_variable] = f"{key},{scrape}" if scrape and self.metrics_behind_key else key
+        return out
 
     def metric_names(self, version: str = "") -> dict[Signal, Source]:
         """The signals it exports at `version` (empty: the newest known); {} when it exports none llmgw reads."""

@@ -42,4 +42,5 @@ KIND = EngineKind(
     probe=("vllm",),
     metrics=(Names("0", METRICS_BEFORE_0_10), Names("0.10.0", METRICS)),
     install=Install(Installer.PIP_VENV, pinned="0.11.0", default_variant="cuda", package="vllm"),
+    api_key_variable="VLLM_API_KEY",
 )

@@ -8,6 +8,7 @@ running.
 
 from __future__ import annotations
 
+import secrets
 import shlex
 
 from django.core.exceptions import ValidationError
@@ -31,6 +32,18 @@ NAME_VALIDATOR = RegexValidator(
     r"^[a-z0-9][a-z0-9._-]*\Z",
     "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit",
 )
+
+
+# What clients send as `model` through the gateway. It becomes an HAProxy map key and backend
+# name, so it keeps to their alphabet (no spaces, no '/': never a file path).
+SERVED_MODEL_VALIDATOR = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9._:-]*\Z",
+    "letters, digits, '.', '_', ':' and '-', starting with a letter or digit (not a path)",
+)
+
+
+def new_engine_secret() -> str:
+    return secrets.token_urlsafe(32)
 
 
 # The engine kinds the control plane may place, from their records (agent/enginekinds/): Engine.VLLM, Engine.DEMO...
@@ -73,6 +86,14 @@ class Deployment(models.Model):
     """A model to serve: where its weights are, which engine, how many replicas, and the profile."""
 
     name = models.CharField(max_length=64, unique=True, validators=[NAME_VALIDATOR])
+    served_model_name = models.CharField(
+        "served model name",
+        max_length=128,
+        unique=True,
+        blank=True,
+        validators=[SERVED_MODEL_VALIDATOR],
+        help_text="What clients send as `model` through the gateway; empty takes the deployment's name.",
+    )
     model_source = models.CharField(
         max_length=1024,
         help_text="A path on the nodes (starting with /), or an id the engine resolves itself.",
@@ -108,6 +129,10 @@ class Deployment(models.Model):
         "CPU cores per shard", default=0, help_text="0 = undeclared: constrains nothing."
     )
 
+    # The engines of this deployment are started with it as their API key, and the gateway sends it
+    # as their Authorization: an engine answers the gateways, not whoever reaches its port.
+    engine_secret = models.CharField(max_length=64, default=new_engine_secret, editable=False)
+
     # Replica ordinals are never reused, so an agent can never confuse a
     # rebuilt replica's shard with the dead one it replaces.
     next_ordinal = models.PositiveIntegerField(default=1, editable=False)
@@ -120,6 +145,8 @@ class Deployment(models.Model):
         return self.name
 
     def save(self, *args, **kwargs):
+        if not self.served_model_name:
+            self.served_model_name = self.name
         # The ordinal counter belongs to the reconciler: an admin form or any
         # other instance loaded earlier must not wind it back on save.
         if self.pk and not self._state.adding and kwargs.get("update_fields") is None:
@@ -129,6 +156,9 @@ class Deployment(models.Model):
         super().save(*args, **kwargs)
 
     def clean(self) -> None:
+        if not self.served_model_name and self.name:
+            # Filled in before the unique check runs, so a clash with another deployment's name is named here.
+            self.served_model_name = self.name
         try:
             words = self.argv()
         except ValueError as exc:

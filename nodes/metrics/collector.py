@@ -246,7 +246,9 @@ class _Allocation:
 
     def __init__(self, row: inventory_series.AllocationRow):
         self.node, self.shard = row.node, row.shard
-        labels = labelset(model=row.model, node=row.node, replica=row.replica, shard=row.shard)
+        labels = labelset(
+            model=row.model, node=row.node, replica=row.replica, served_model=row.served_model, shard=row.shard
+        )
         self.labels = labels.encode()
         self.gpus = line(families.SHARD_GPUS.name, labels, row.gpus).encode()
         self.memory_claim = line(families.SHARD_MEMORY_CLAIM.name, labels, row.memory_gb * 2**30).encode()

@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from typing import NamedTuple
 
 from django.db import connections
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
-from inventory.models import GPU, Allocation, EngineInstall, Filesystem, GPUClaim, Node, free_q
+from inventory.models import GPU, Allocation, EngineInstall, Filesystem, GPUClaim, Node, Replica, free_q
 
 
 class NodeFacts(NamedTuple):
@@ -77,6 +77,8 @@ class AllocationRow(NamedTuple):
     replica: str
     model: str
     memory_gb: int
+    # The deployment's served model name (what clients send through the gateway); empty for a replica gone.
+    served_model: str
     gpus: int
 
 
@@ -106,6 +108,8 @@ def read() -> Inventory:
     # GPUs per allocation counted apart and joined here: on PostgreSQL this is
     # half the time of a join or a correlated count over 40,000 allocations.
     claims = dict(raw_rows(GPUClaim.objects.order_by().values_list("allocation_id").annotate(count=Count("*"))))
+    # The served model name read through the replica in the same query, so a rename shows at the next scrape.
+    served_model = Replica.objects.filter(replica_id=OuterRef("replica_id")).values("deployment__served_model_name")
     node_rows = raw_rows(Node.objects.order_by().values_list(*NodeFacts._fields, "last_heartbeat"))
     return Inventory(
         nodes=[NodeRow(NodeFacts._make(row[:-1]), heartbeat_seconds(row[-1])) for row in node_rows],
@@ -134,11 +138,11 @@ def read() -> Inventory:
             )
         ],
         allocations=[
-            AllocationRow(node, shard, replica, model, memory_gb, claims.get(pk, 0))
-            for pk, node, shard, replica, model, memory_gb in raw_rows(
-                Allocation.objects.order_by().values_list(
-                    "pk", "node_id", "shard_id", "replica_id", "model", "memory_gb"
-                )
+            AllocationRow(node, shard, replica, model, memory_gb, served or "", claims.get(pk, 0))
+            for pk, node, shard, replica, model, memory_gb, served in raw_rows(
+                Allocation.objects.order_by()
+                .annotate(served_model=Subquery(served_model[:1]))
+                .values_list("pk", "node_id", "shard_id", "replica_id", "model", "memory_gb", "served_model")
             )
         ],
         installs=[

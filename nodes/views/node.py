@@ -59,6 +59,7 @@ class ShardFacts:
     model: str
     engine: str
     variant: str
+    served_model: str
 
 
 @dataclass
@@ -72,6 +73,8 @@ class EngineRow:
     shard: str
     replica: str = ""
     model: str = ""
+    # What clients send as `model` through the gateway.
+    served_model: str = ""
     gpus: list[int] = field(default_factory=list)
     memory_claimed_gb: int | None = None
     cpu_cores: float | None = None
@@ -120,6 +123,7 @@ def engine_rows(
                 shard=allocation.shard_id,
                 replica=allocation.replica_id,
                 model=allocation.model,
+                served_model=facts.served_model if facts else "",
                 gpus=allocation.gpu_indices,
                 memory_claimed_gb=allocation.memory_gb,
                 cpu_cores=shard.cpu_cores if shard else None,
@@ -133,7 +137,12 @@ def engine_rows(
         if facts.state == ReplicaState.FAILED:
             rows.append(
                 EngineRow(
-                    shard=name, replica=facts.replica, model=facts.model, state=ReplicaState.FAILED, reason=facts.reason
+                    shard=name,
+                    replica=facts.replica,
+                    model=facts.model,
+                    served_model=facts.served_model,
+                    state=ReplicaState.FAILED,
+                    reason=facts.reason,
                 )
             )
     for name, shard in sorted(measured.items()):
@@ -195,10 +204,11 @@ def shard_facts(node: Node) -> dict[str, ShardFacts]:
         "replica__deployment__model_source",
         "replica__deployment__engine",
         "replica__deployment__gpus_per_shard",
+        "replica__deployment__served_model_name",
     )
     return {
-        shard_id: ShardFacts(state, reason, port, replica, model, engine, engine_wants.variant(gpus))
-        for shard_id, state, reason, port, replica, model, engine, gpus in rows
+        shard_id: ShardFacts(state, reason, port, replica, model, engine, engine_wants.variant(gpus), served)
+        for shard_id, state, reason, port, replica, model, engine, gpus, served in rows
     }
 
 

@@ -15,7 +15,16 @@ class DeploymentInput(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ("name", "model_source", "engine", "arguments", "secret_arguments", "replicas", *PROFILE_FIELDS)
+        fields = (
+            "name",
+            "served_model_name",
+            "model_source",
+            "engine",
+            "arguments",
+            "secret_arguments",
+            "replicas",
+            *PROFILE_FIELDS,
+        )
 
 
 class ScaleInput(serializers.Serializer):
@@ -50,6 +59,7 @@ class NotPlacedSerializer(serializers.Serializer):
 
 class DeploymentSerializer(serializers.Serializer):
     name = serializers.CharField()
+    served_model_name = serializers.CharField(help_text="What clients send as `model` through the gateway.")
     model_source = serializers.CharField()
     engine = serializers.ChoiceField(choices=Engine.choices)
     arguments = serializers.CharField(help_text="Secret arguments are shown only to a caller who may change them.")

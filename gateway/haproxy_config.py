@@ -1,0 +1,259 @@
+"""The gateway's HAProxy files, from what should be: its config (deploy/gateway.cfg), maps and error pages.
+
+Everything here is pure: the sync (`gateway.sync`) decides when to write and when to reload.
+The config holds the last known servers of each backend as plain `server` lines, and the maps
+hold the last known keys and models, so an HAProxy restarted while the control plane is down
+comes back serving what it served before.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TEMPLATE = ROOT / "deploy" / "gateway.cfg"
+# The largest request body admitted by default; larger ones get 413 before reaching an engine.
+# req.body sees one buffer, so the buffer is sized to hold it (`Frontend.bufsize`); HAProxy
+# needs glibc's allocator fixed for buffers this large (docs/gateway.md, "What it costs"), and
+# a fleet whose prompts are smaller may set a smaller limit (`gateway_sync --max-body`).
+MAX_BODY = 262_144
+# Room in the buffer beside the body: the headers, and HAProxy's rewrite reserve (tune.maxrewrite).
+HEADER_ROOM = 16_384
+PRODUCTION_MAXCONN = 20_000
+# A replica's weight until engines' load reports set it (load-aware routing, another issue).
+DEFAULT_WEIGHT = 100
+
+
+class ServerState:
+    """An HAProxy server's admin state as the sync sets it."""
+
+    READY = "ready"
+    # No new requests; those in flight finish (the drain-without-drop follow-up uses it).
+    DRAIN = "drain"
+
+
+@dataclass(frozen=True)
+class Server:
+    """One replica as a server of its model's backend: where its engine answers, how much, in which state."""
+
+    name: str
+    address: str
+    port: int
+    weight: int = DEFAULT_WEIGHT
+    state: str = ServerState.READY
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One deployment: its served model name, the secret its engines take, and its servers."""
+
+    served_model: str
+    engine_secret: str
+    servers: tuple[Server, ...] = ()
+
+    @property
+    def name(self) -> str:
+        # Served names keep to HAProxy's name alphabet (inventory SERVED_MODEL_VALIDATOR).
+        return f"m_{self.served_model}"
+
+
+@dataclass(frozen=True)
+class Desired:
+    """What the gateway should be: backends by served model name, and tenants by key digest."""
+
+    backends: dict[str, Backend] = field(default_factory=dict)
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def shape(self) -> tuple[tuple[str, str], ...]:
+        """What only a reload can change: the backends and their engines' secrets."""
+        return tuple(sorted((b.name, b.engine_secret) for b in self.backends.values()))
+
+    def models_map(self) -> dict[str, str]:
+        return {served: backend.name for served, backend in self.backends.items()}
+
+    def catalog(self) -> str:
+        """GET /v1/models: the served models with a ready server, as OpenAI lists them (no spaces: a map value)."""
+        ready = sorted(
+            served
+            for served, backend in self.backends.items()
+            if any(s.state == ServerState.READY for s in backend.servers)
+        )
+        data = [{"id": served, "object": "model", "owned_by": "llmgw"} for served in ready]
+        return json.dumps({"object": "list", "data": data}, separators=(",", ":"))
+
+    def catalog_map(self) -> dict[str, str]:
+        return {"models": self.catalog()}
+
+
+@dataclass(frozen=True)
+class Frontend:
+    """How one gateway instance listens: its address, and the largest body it routes."""
+
+    bind: str
+    max_body: int = MAX_BODY
+
+    @property
+    def bufsize(self) -> int:
+        return self.max_body + HEADER_ROOM
+
+
+@dataclass(frozen=True)
+class Paths:
+    """The files of one gateway instance, all in its own directory (private: the config holds secrets)."""
+
+    directory: Path
+
+    @property
+    def config(self) -> Path:
+        return self.directory / "gateway.cfg"
+
+    @property
+    def admin_socket(self) -> Path:
+        return self.directory / "admin.sock"
+
+    @property
+    def master_socket(self) -> Path:
+        return self.directory / "master.sock"
+
+    @property
+    def keys_map(self) -> Path:
+        return self.directory / "keys.map"
+
+    @property
+    def models_map(self) -> Path:
+        return self.directory / "models.map"
+
+    @property
+    def catalog_map(self) -> Path:
+        return self.directory / "catalog.map"
+
+    @property
+    def errors(self) -> Path:
+        return self.directory / "errors"
+
+
+# The replies HAProxy makes itself (no server answered in time, the queue timed out, …), as
+# OpenAI-shaped JSON. 429 is reserved for per-tenant limits and tells the client when to retry.
+ERRORS: dict[int, tuple[str, str, str]] = {
+    400: ("Bad Request", "The request could not be read", "invalid_request_error"),
+    403: ("Forbidden", "Forbidden", "invalid_request_error"),
+    408: ("Request Timeout", "The request was not received in time", "invalid_request_error"),
+    413: ("Payload Too Large", "The request body is larger than {max_body} bytes", "invalid_request_error"),
+    429: ("Too Many Requests", "Rate limit reached; retry after the time in Retry-After", "rate_limit_error"),
+    500: ("Internal Server Error", "The gateway failed", "server_error"),
+    502: ("Bad Gateway", "The model's engine gave an invalid response", "server_error"),
+    503: ("Service Unavailable", "No replica of the model is ready; retry later", "server_error"),
+    504: ("Gateway Timeout", "The model's engine did not answer in time", "server_error"),
+}
+RETRY_AFTER = {429: 1, 503: 1}
+
+
+def error_page(status: int, max_body: int = MAX_BODY) -> bytes:
+    reason, message, kind = ERRORS[status]
+    message = message.format(max_body=max_body)
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}}).encode()
+    headers = [
+        f"HTTP/1.1 {status} {reason}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Cache-Control: no-cache",
+        "Connection: close",
+    ]
+    if status in RETRY_AFTER:
+        headers.append(f"Retry-After: {RETRY_AFTER[status]}")
+    return ("\r\n".join(headers) + "\r\n\r\n").encode() + body
+
+
+def max_connections() -> int:
+    """As the web proxy's (devstack/proxy.py): what this machine's descriptor limit allows, at most production's."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY:
+        return PRODUCTION_MAXCONN
+    return max(min(PRODUCTION_MAXCONN, (hard - 100) // 2), 100)
+
+
+# pool-max-conn -1: idle connections to the engine are kept (27k/s against 10.1k/s without).
+# pool-purge-delay 1s: a server taken out is deleted only once its idle connections are closed,
+# which the default 5 s took 15 s to do, and 1 s about 3.
+SERVER_OPTIONS = "pool-max-conn -1 pool-purge-delay 1s"
+
+
+def server_line(server: Server) -> str:
+    line = f"    server {server.name} {server.address}:{server.port} weight {server.weight} {SERVER_OPTIONS}"
+    return line + (" disabled" if server.state != ServerState.READY else "")
+
+
+def backend_section(backend: Backend) -> str:
+    lines = [
+        f"backend {backend.name}",
+        "    balance leastconn",
+        "    http-reuse always",
+        "    # The engines answer only requests carrying their deployment's secret: the gateways'.",
+        f'    http-request set-header Authorization "Bearer {backend.engine_secret}"',
+        "    http-request return status 503 content-type application/json hdr Retry-After 1 string "
+        '\'{"error":{"message":"No replica of this model is ready; retry later","type":"server_error",'
+        '"param":null,"code":"no_ready_replica"}}\' if { nbsrv eq 0 }',
+        *(server_line(s) for s in backend.servers),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | None = None) -> str:
+    """deploy/gateway.cfg with its placeholders filled; a placeholder left over is a mistake, not a default."""
+    text = TEMPLATE.read_text() if template is None else template
+    fields = {
+        "bind": frontend.bind,
+        "bufsize": str(frontend.bufsize),
+        "maxconn": str(max_connections()),
+        "admin_socket": str(paths.admin_socket),
+        "keys_map": str(paths.keys_map),
+        "models_map": str(paths.models_map),
+        "catalog_map": str(paths.catalog_map),
+        "max_body": str(frontend.max_body),
+        "errorfiles": "\n".join(f"    errorfile {code} {paths.errors / f'{code}.http'}" for code in ERRORS),
+        "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
+    }
+    for name, value in fields.items():
+        text = text.replace("{{" + name + "}}", value)
+    if "{{" in text:
+        raise ValueError(f"unfilled placeholder in {TEMPLATE}: {text[text.index('{{') :].splitlines()[0]}")
+    return text
+
+
+def map_text(entries: dict[str, str]) -> str:
+    return "".join(f"{key} {value}\n" for key, value in sorted(entries.items()))
+
+
+def write_private(path: Path, data: bytes) -> bool:
+    """Replace `path` atomically with `data`, readable by its owner only; False when it already held it."""
+    try:
+        if path.read_bytes() == data:
+            return False
+    except FileNotFoundError:
+        pass
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return True
+
+
+def write_all(paths: Paths, frontend: Frontend, desired: Desired) -> bool:
+    """Every file of the instance, from `desired`; True when the config itself changed."""
+    paths.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    paths.errors.mkdir(mode=0o700, exist_ok=True)
+    for code in ERRORS:
+        write_private(paths.errors / f"{code}.http", error_page(code, frontend.max_body))
+    write_private(paths.keys_map, map_text(desired.keys).encode())
+    write_private(paths.models_map, map_text(desired.models_map()).encode())
+    write_private(paths.catalog_map, map_text(desired.catalog_map()).encode())
+    return write_private(paths.config, render(paths, frontend, desired).encode())

@@ -1,0 +1,52 @@
+"""`manage.py gateway_sync --dir var/gateway --bind 127.0.0.1:8090`: program one gateway HAProxy, every second.
+
+One per gateway instance, beside its HAProxy (started in master-worker mode with the
+config and sockets in the same directory). docs/gateway.md has the whole picture.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import close_old_connections
+
+from gateway import haproxy_config, wanted
+from gateway.haproxy_config import MAX_BODY, Frontend, Paths
+from gateway.sync import Sync, loop
+
+
+def read_desired():
+    # A database that went away and came back: a fresh connection rather than a dead one.
+    close_old_connections()
+    return wanted.read()
+
+
+class Command(BaseCommand):
+    help = "Program a gateway HAProxy with the fleet's ready replicas and the tenants' keys, every second."
+
+    def add_arguments(self, parser):
+        parser.add_argument("--dir", required=True, type=Path, help="the gateway's directory (config, maps, sockets)")
+        parser.add_argument("--bind", required=True, help="the gateway's listening address, e.g. 127.0.0.1:8090")
+        parser.add_argument(
+            "--max-body",
+            type=int,
+            default=MAX_BODY,
+            help=f"the largest request body routed, in bytes ({MAX_BODY}); larger ones get 413",
+        )
+        parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+        parser.add_argument("--render-only", action="store_true", help="write the files once and exit")
+
+    def handle(self, *args, **options):
+        paths = Paths(options["dir"].resolve())
+        if not 1024 <= options["max_body"] <= 16 * 2**20:
+            raise CommandError("--max-body must be from 1024 to 16777216 bytes")
+        frontend = Frontend(options["bind"], options["max_body"])
+        if options["render_only"]:
+            try:
+                desired = read_desired()
+            except Exception:  # no database yet: an empty gateway, programmed once the sync runs
+                desired = haproxy_config.Desired()
+            haproxy_config.write_all(paths, frontend, desired)
+            return
+        loop(Sync(paths, frontend, read_desired), interval=options["interval"])

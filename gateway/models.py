@@ -1,0 +1,102 @@
+"""Tenants and their API keys, as the gateway checks them.
+
+A key's secret is shown once, when it is made; only its SHA-256 digest is kept, and that
+digest is what HAProxy looks up (`req.hdr(authorization)` → `sha2(256),hex,lower` → the
+key map), so a request is admitted without Python in its path. Per-tenant limits and usage
+belong to the tenant (another issue); they would be fields here and a second map the sync
+writes beside the keys'.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+from django.core.exceptions import ValidationError
+from django.core.validators import RegexValidator
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+
+# Keys begin with this, so a secret scanner (or a person) can tell one in a paste.
+PREFIX = "llmgw-sk-"
+# The characters of a key shown in lists: enough to tell keys apart, too few to use.
+DISPLAY_LENGTH = len(PREFIX) + 6
+
+# A tenant's name is written into HAProxy's key map as the value a key maps to, and into
+# its logs: one word of a safe alphabet.
+TENANT_NAME_VALIDATOR = RegexValidator(
+    r"^[a-z0-9][a-z0-9._-]*\Z",
+    "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit",
+)
+
+
+def key_digest(key: str) -> str:
+    """The digest HAProxy computes of the bearer token: SHA-256, lower-case hex."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+class Tenant(models.Model):
+    """Someone who sends requests through the gateway: a team, a product, a customer."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[TENANT_NAME_VALIDATOR])
+    active = models.BooleanField(default=True, help_text="An inactive tenant's keys are refused at the gateway.")
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class ApiKeyQuerySet(models.QuerySet):
+    def usable(self, now=None) -> ApiKeyQuerySet:
+        """Keys the gateway admits: not revoked, not expired, of an active tenant."""
+        now = now or timezone.now()
+        return self.filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=now), revoked_at__isnull=True, tenant__active=True
+        )
+
+
+class ApiKey(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="keys")
+    name = models.CharField(max_length=100, blank=True, help_text="What the key is for, e.g. the service using it.")
+    prefix = models.CharField(max_length=DISPLAY_LENGTH, editable=False, help_text="The key's first characters.")
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(default=timezone.now, editable=False)
+    expires_at = models.DateTimeField(null=True, blank=True, help_text="Empty: never expires.")
+    revoked_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_by = models.CharField(max_length=150, blank=True, editable=False)
+
+    objects = ApiKeyQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["tenant", "-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.tenant.name})"
+
+    def clean(self) -> None:
+        if self._state.adding and self.expires_at is not None and self.expires_at <= timezone.now():
+            raise ValidationError({"expires_at": "must be in the future"})
+
+    def issue(self) -> str:
+        """Give this unsaved key its secret; returns the key, to show once."""
+        key = PREFIX + secrets.token_urlsafe(32)
+        self.prefix = key[:DISPLAY_LENGTH]
+        self.digest = key_digest(key)
+        return key
+
+    def revoke(self, by: str) -> bool:
+        """Revoke once; True when this call revoked it (a second revoke changes nothing)."""
+        changed = ApiKey.objects.filter(pk=self.pk, revoked_at__isnull=True).update(
+            revoked_at=timezone.now(), revoked_by=by[:150]
+        )
+        self.refresh_from_db(fields=["revoked_at", "revoked_by"])
+        return bool(changed)
+
+    @property
+    def revoked(self) -> bool:
+        return self.revoked_at is not None

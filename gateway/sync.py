@@ -1,0 +1,174 @@
+"""The gateway's control loop: what should be (the inventory) against what HAProxy has, repaired.
+
+Each pass reads the desired state (`gateway.wanted`), asks HAProxy what it actually has over
+its Runtime API, and makes the difference: servers added, moved, weighted, drained, taken
+out and deleted; keys and models added to and deleted from the maps. Every file is rewritten
+as it changes, so an HAProxy restarted with them serves the last known state. A new or
+removed deployment (a backend) or a changed engine secret needs a new config: rendered,
+then reloaded through the master. When the database cannot be read the last desired state
+stands; when HAProxy cannot be reached, the next pass tries again. Nothing is assumed from
+an earlier pass: HAProxy may have restarted in between.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway import haproxy_config
+from gateway.haproxy_config import SERVER_OPTIONS, Backend, Desired, Frontend, Paths, ServerState
+from gateway.runtime import ActualServer, Runtime, RuntimeError_
+
+log = logging.getLogger("llmgw.gateway")
+
+# How long a reload may take before the pass gives up and the next one looks again.
+RELOAD_DEADLINE = 10.0
+
+
+@dataclass
+class Pass:
+    """What one pass did: the commands it sent (for the log and the tests), and what it could not do."""
+
+    actions: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    # What HAProxy refused for now and a later pass will try again (a server still holding requests).
+    waiting: list[str] = field(default_factory=list)
+    reloaded: bool = False
+
+
+class Sync:
+    def __init__(self, paths: Paths, frontend: Frontend, read_desired: Callable[[], Desired]):
+        self.paths = paths
+        self.frontend = frontend
+        self.read_desired = read_desired
+        self.runtime = Runtime(paths.admin_socket, paths.master_socket)
+        self.desired: Desired | None = None
+        # The shape the running HAProxy was last reloaded with; None: not known (a new sync process).
+        self.loaded_shape: tuple | None = None
+
+    def run_once(self) -> Pass:
+        done = Pass()
+        try:
+            self.desired = self.read_desired()
+        except Exception as exc:  # the database down, or any read error: keep serving what was known
+            done.errors.append(f"desired state not read, keeping the last: {exc}")
+            log.warning("gateway: %s", done.errors[-1])
+        if self.desired is None:
+            return done
+        desired = self.desired
+        config_changed = haproxy_config.write_all(self.paths, self.frontend, desired)
+        try:
+            if self._needs_reload(desired, config_changed):
+                self._reload(desired, done)
+            elif self.loaded_shape is None:
+                self.loaded_shape = desired.shape()
+            actual = self.runtime.servers()
+            for backend in desired.backends.values():
+                self._repair_servers(backend, actual.get(backend.name, {}), done)
+            self._repair_map(self.paths.models_map, desired.models_map(), done)
+            self._repair_map(self.paths.keys_map, desired.keys, done)
+            self._repair_map(self.paths.catalog_map, desired.catalog_map(), done)
+        except RuntimeError_ as exc:
+            done.errors.append(str(exc))
+            log.warning("gateway: %s", exc)
+        for action in done.actions:
+            log.info("gateway: %s", action)
+        return done
+
+    # -- backends: only a reload changes them ---------------------------------------------------
+
+    def _needs_reload(self, desired: Desired, config_changed: bool) -> bool:
+        wanted = {b.name for b in desired.backends.values()}
+        running = {name for name in self.runtime.backends() if name.startswith("m_")}
+        if running != wanted:
+            return True
+        if self.loaded_shape is None:
+            # Secrets cannot be read back from HAProxy: a new sync process that found the config
+            # on disk already as it renders it trusts the running HAProxy to have loaded it.
+            return config_changed
+        return self.loaded_shape != desired.shape()
+
+    def _reload(self, desired: Desired, done: Pass) -> None:
+        old_worker = self.runtime.worker_pid()
+        self.runtime.reload()
+        wanted = {b.name for b in desired.backends.values()}
+        deadline = time.monotonic() + RELOAD_DEADLINE
+        while time.monotonic() < deadline:
+            try:
+                # The new worker, on the new config, answers the admin socket (a secret's change leaves
+                # the backends' names as they were: the worker's pid tells the new one).
+                new = self.runtime.worker_pid() != old_worker
+                if new and {n for n in self.runtime.backends() if n.startswith("m_")} == wanted:
+                    break
+            except RuntimeError_:
+                pass  # the new worker's socket is not bound yet
+            time.sleep(0.05)
+        else:
+            raise RuntimeError_("the reload did not bring the new backends within the deadline")
+        self.loaded_shape = desired.shape()
+        done.reloaded = True
+        done.actions.append(f"reloaded with backends {sorted(wanted)}")
+
+    # -- servers --------------------------------------------------------------------------------
+
+    def _repair_servers(self, backend: Backend, actual: dict[str, ActualServer], done: Pass) -> None:
+        wanted = {s.name: s for s in backend.servers}
+        for name, server in wanted.items():
+            where = f"{backend.name}/{name}"
+            have = actual.get(name)
+            if have is None:
+                self._do(
+                    done,
+                    f"add server {where} {server.address}:{server.port} weight {server.weight} {SERVER_OPTIONS}",
+                    ok=("New server registered",),
+                )
+                have = ActualServer(name, server.address, server.port, server.weight, 0x01)
+            if (have.address, have.port) != (server.address, server.port):
+                self._do(
+                    done, f"set server {where} addr {server.address} port {server.port}", ok=("IP changed", "no need")
+                )
+            if have.weight != server.weight:
+                self._do(done, f"set server {where} weight {server.weight}")
+            if have.state != server.state:
+                self._do(done, f"set server {where} state {server.state}")
+        for name, have in actual.items():
+            if name in wanted:
+                continue
+            where = f"{backend.name}/{name}"
+            if have.state != "maint":
+                self._do(done, f"set server {where} state maint")
+            # Refused while requests are still in flight on it: the next pass tries again.
+            answer = self.runtime.ask(f"del server {where}").strip()
+            if answer.startswith("Server deleted"):
+                done.actions.append(f"del server {where}")
+            else:
+                done.waiting.append(f"del server {where}: {answer}")
+
+    # -- maps -----------------------------------------------------------------------------------
+
+    def _repair_map(self, path, wanted: dict[str, str], done: Pass) -> None:
+        actual = self.runtime.map_entries(path)
+        for key, value in wanted.items():
+            if key not in actual:
+                self._do(done, f"add map {path} {key} {value}", shown=f"add map {path.name} {key[:12]}")
+            elif actual[key] != value:
+                self._do(done, f"set map {path} {key} {value}", shown=f"set map {path.name} {key[:12]}")
+        for key in actual.keys() - wanted.keys():
+            self._do(done, f"del map {path} {key}", shown=f"del map {path.name} {key[:12]}")
+
+    def _do(self, done: Pass, command: str, ok: tuple[str, ...] = ("",), shown: str = "") -> None:
+        self.runtime.command(command, ok=ok)
+        done.actions.append(shown or command)
+
+
+def loop(sync: Sync, interval: float = 1.0, stop: Callable[[], bool] = lambda: False) -> None:
+    """A pass every `interval` seconds, each from a fresh look at both sides, until `stop()`."""
+    while not stop():
+        started = time.monotonic()
+        sync.run_once()
+        time.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+__all__ = ["Pass", "ServerState", "Sync", "loop"]

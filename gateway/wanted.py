@@ -1,0 +1,60 @@
+"""What the gateway should serve, read from the inventory: one backend per deployment, a server per ready replica.
+
+A replica serves when it is running, every shard of it runs on a node that is alive and
+active (cordoned, draining, unreachable and lost nodes take their servers out), and none of
+its GPUs has failed. Its shard 0's engine takes the requests (the other shards of a
+multi-node replica join it). Four queries, whatever the fleet's size.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from django.db.models import Exists, OuterRef
+
+from gateway.haproxy_config import Backend, Desired, Server
+from gateway.models import ApiKey
+from inventory.endpoints import trusted_address
+from inventory.models import GPU, Deployment, GPUCondition, Node, ReplicaState, Shard
+
+
+def read() -> Desired:
+    failed_gpus = set(GPU.objects.filter(condition=GPUCondition.FAILED).values_list("node_id", "index"))
+    # "Alive and active" is the schedulable rule, from its one home.
+    schedulable = Exists(Node.objects.schedulable().filter(pk=OuterRef("node_id")))
+    shards = (
+        Shard.objects.filter(replica__state=ReplicaState.RUNNING)
+        .annotate(node_serves=schedulable)
+        .values_list(
+            "replica__replica_id",
+            "replica__deployment_id",
+            "index",
+            "state",
+            "port",
+            "gpu_indices",
+            "node_id",
+            "node__mgmt_addr",
+            "node__source_addr",
+            "node_serves",
+        )
+    )
+    leaders: dict[str, tuple[int, str, str | None, int]] = {}
+    broken: set[str] = set()
+    for replica, deployment, index, state, port, gpus, node, claimed, source, node_serves in shards:
+        healthy = node_serves and state == ReplicaState.RUNNING and not any((node, gpu) in failed_gpus for gpu in gpus)
+        if not healthy:
+            broken.add(replica)
+        elif index == 0:
+            leaders[replica] = (deployment, replica, trusted_address(claimed, source), port)
+    servers: dict[int, list[Server]] = defaultdict(list)
+    for replica, (deployment, name, address, port) in sorted(leaders.items()):
+        # The address the control plane trusts, never the node's claim (inventory/endpoints.py);
+        # HAProxy's Runtime API takes an IPv6 address without its brackets.
+        if replica not in broken and address and port:
+            servers[deployment].append(Server(name=name, address=address.strip("[]"), port=port))
+    backends = {
+        served: Backend(served, secret, tuple(servers.get(pk, ())))
+        for pk, served, secret in Deployment.objects.values_list("pk", "served_model_name", "engine_secret")
+    }
+    keys = dict(ApiKey.objects.usable().values_list("digest", "tenant__name"))
+    return Desired(backends=backends, keys=keys)
