@@ -33,7 +33,7 @@ class ServerState:
     """An HAProxy server's admin state as the sync sets it."""
 
     READY = "ready"
-    # No new requests; those in flight finish (the drain-without-drop follow-up uses it).
+    # No new requests; those in flight finish: a server leaving while requests are on it (gateway.sync).
     DRAIN = "drain"
 
 

@@ -37,10 +37,18 @@ class Pass:
 
 
 class Sync:
-    def __init__(self, paths: Paths, frontend: Frontend, read_desired: Callable[[], Desired]):
+    def __init__(
+        self,
+        paths: Paths,
+        frontend: Frontend,
+        read_desired: Callable[[], Desired],
+        report_in_flight: Callable[[dict[str, int]], None] | None = None,
+    ):
         self.paths = paths
         self.frontend = frontend
         self.read_desired = read_desired
+        # Where the requests in flight on each server go, by replica id: what a drain waits for.
+        self.report_in_flight = report_in_flight
         self.runtime = Runtime(paths.admin_socket, paths.master_socket)
         self.desired: Desired | None = None
         # The shape the running HAProxy was last reloaded with; None: not known (a new sync process).
@@ -62,8 +70,10 @@ class Sync:
                 self._reload(desired, done)
             elif self.loaded_shape is None:
                 self.loaded_shape = desired.shape()
+            in_flight = self.runtime.in_flight()
             for backend in desired.backends.values():
-                self._repair_servers(backend, done)
+                self._repair_servers(backend, in_flight, done)
+            self._report(in_flight, done)
             self._repair_map(self.paths.models_map, desired.models_map(), done)
             self._repair_map(self.paths.keys_map, desired.keys, done)
             self._repair_map(self.paths.catalog_map, desired.catalog_map(), done)
@@ -106,7 +116,7 @@ class Sync:
 
     # -- servers --------------------------------------------------------------------------------
 
-    def _repair_servers(self, backend: Backend, done: Pass) -> None:
+    def _repair_servers(self, backend: Backend, in_flight: dict[tuple[str, str], int], done: Pass) -> None:
         actual = self.runtime.servers(backend.name)
         wanted = {s.name: s for s in backend.servers}
         for name, server in wanted.items():
@@ -131,12 +141,29 @@ class Sync:
             if name in wanted:
                 continue
             where = f"{backend.name}/{name}"
+            if in_flight.get((backend.name, name), 0):
+                # No new request reaches it; those in flight finish, and it goes once they have.
+                if have.state != ServerState.DRAIN:
+                    self._do(done, f"set server {where} state drain")
+                continue
             if have.state != "maint":
                 self._do(done, f"set server {where} state maint")
-            # Refused while requests are still in flight on it: the next pass tries again.
+            # Refused while a connection is still open on it: the next pass tries again.
             answer = self.runtime.ask(f"del server {where}").strip()
             if answer.startswith("Server deleted"):
                 done.actions.append(f"del server {where}")
+
+    def _report(self, in_flight: dict[tuple[str, str], int], done: Pass) -> None:
+        if self.report_in_flight is None:
+            return
+        by_replica: dict[str, int] = {}
+        for (backend, server), count in in_flight.items():
+            if backend.startswith("m_"):
+                by_replica[server] = by_replica.get(server, 0) + count
+        try:
+            self.report_in_flight(by_replica)
+        except Exception as exc:  # Redis down: drains stop waiting (bounded by their deadline anyway)
+            done.errors.append(f"requests in flight not reported: {exc}")
 
     # -- maps -----------------------------------------------------------------------------------
 

@@ -37,10 +37,19 @@ ROOT = Path(__file__).resolve().parent.parent
 class Engine:
     """A demo engine process that answers only its secret, and counts what reached it."""
 
-    def __init__(self, secret: str):
+    def __init__(self, secret: str, *options: str):
         self.port = free_port()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agent.demo_engine", "--port", str(self.port), "--cpu-ms-per-token", "0.1"],
+            [
+                sys.executable,
+                "-m",
+                "agent.demo_engine",
+                "--port",
+                str(self.port),
+                "--cpu-ms-per-token",
+                "0.1",
+                *options,
+            ],
             env={**os.environ, "LLMGW_ENGINE_API_KEY": secret},
             cwd=ROOT,
             start_new_session=True,

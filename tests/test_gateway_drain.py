@@ -1,0 +1,225 @@
+"""Drain without a dropped request: a real HAProxy programmed by the real sync, real demo engines, the real reconciler.
+
+The agent is played by the test through the heartbeat's own entry point (`inventory.desired.orders`):
+it reports its shards, and stops an engine when its node's list no longer holds the shard, as the
+agent's runner does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+
+from agent import protocol
+from devstack.polling import wait_until
+from gateway import wanted
+from gateway.haproxy_config import ServerState
+from gateway.models import ApiKey, Tenant
+from gateway.sync import Sync
+from inventory import desired, drainhold
+from inventory.models import AdminState, Deployment, Node, Replica, ReplicaState, Shard
+from inventory.models import Engine as EngineKind
+from inventory.operator import set_admin_state
+from inventory.reconcile import reconcile
+from livestate import inflight
+from tests import factories
+from tests.test_gateway import CHAT, Engine, Gateway
+
+pytestmark = pytest.mark.slow
+
+STREAMS = 20
+# Each stream lasts about 100 × 60 ms: long enough for the drain, its replacement and the release to happen under it.
+SLOW = ("--max-running", "64", "--ms-between-tokens", "60")
+STREAM = {**CHAT, "stream": True, "max_tokens": 100}
+
+
+class Agent:
+    """One node's agent, as far as the drain needs it: reports what runs, stops what its list drops."""
+
+    def __init__(self, node_id: str):
+        self.node_id = node_id
+        self.engines: dict[str, Engine] = {}
+
+    def start(self, shard: Shard, secret: str) -> Engine:
+        engine = Engine(secret, *SLOW)
+        Shard.objects.filter(pk=shard.pk).update(port=engine.port)
+        self.engines[shard.shard_id] = engine
+        return engine
+
+    def beat(self) -> set[str]:
+        """One heartbeat: report, read the list, stop what it no longer holds. The shard ids still wanted."""
+        reports = [protocol.ShardStatus(shard=s, state="running") for s in self.engines]
+        wanted_ids = {spec.shard for spec in desired.orders(self.node_id, reports).shards}
+        for shard_id in set(self.engines) - wanted_ids:
+            self.engines.pop(shard_id).stop()
+        return wanted_ids
+
+    def stop_all(self) -> None:
+        for engine in self.engines.values():
+            engine.stop()
+
+
+class Stream(threading.Thread):
+    """One streamed request through the gateway, read to its end."""
+
+    def __init__(self, gateway: Gateway, key: str):
+        super().__init__(daemon=True)
+        self.gateway, self.key = gateway, key
+        self.events: list[bytes] = []
+        self.error: Exception | None = None
+        self.started = threading.Event()
+        self.ended_at = 0.0
+
+    def run(self) -> None:
+        try:
+            answer = self.gateway.post("/v1/chat/completions", STREAM, self.key, stream=True)
+            for line in answer.iter_lines():
+                if line:
+                    self.events.append(line)
+                    self.started.set()
+        except Exception as exc:  # kept for the assertion, which names it
+            self.error = exc
+        finally:
+            self.ended_at = time.monotonic()
+            self.started.set()
+
+
+@pytest.fixture
+def key(db) -> str:
+    made = ApiKey(tenant=Tenant.objects.create(name="acme"))
+    secret = made.issue()
+    made.save()
+    return secret
+
+
+@pytest.fixture
+def fleet(db):
+    for name in ("n1", "n2", "n3"):
+        factories.node(name, gpus=1)
+    Node.objects.update(mgmt_addr="127.0.0.1")
+    factories.deployment("chat", served_model_name="chat", engine=EngineKind.DEMO, replicas=2, gpu_class="")
+    reconcile()
+    agents = {name: Agent(name) for name in ("n1", "n2", "n3")}
+    yield agents
+    for agent in agents.values():
+        agent.stop_all()
+
+
+def run_on(agents: dict[str, Agent], replica: Replica) -> Engine:
+    shard = replica.shards.get()
+    agent = agents[shard.node_id]
+    engine = agent.start(shard, replica.deployment.engine_secret)
+    agent.beat()
+    assert Replica.objects.get(pk=replica.pk).state == ReplicaState.RUNNING
+    return engine
+
+
+@pytest.mark.django_db
+def test_a_drained_node_finishes_its_20_streams_before_its_engine_stops(tmp_path, fleet, key, operator):
+    gateway = Gateway(tmp_path / "gw")
+    gateway.sync = Sync(gateway.paths, gateway.frontend, wanted.read, lambda c: inflight.report("test", c))
+    try:
+        first, second = Replica.objects.order_by("ordinal")
+        assert first.shards.get().node_id != second.shards.get().node_id
+        drained = first.shards.get().node_id
+        run_on(fleet, first)
+        gateway.sync.run_once()
+        streams = [Stream(gateway, key) for _ in range(STREAMS)]
+        for stream in streams:
+            stream.start()
+        for stream in streams:
+            assert stream.started.wait(10) and not stream.error
+        # All 20 on the drained node's replica; the other replica joins only now.
+        other = run_on(fleet, second)
+        gateway.sync.run_once()
+        assert {n: s.state for n, s in gateway.servers().items()} == {
+            first.replica_id: ServerState.READY,
+            second.replica_id: ServerState.READY,
+        }
+
+        set_admin_state(Node.objects.get(pk=drained), AdminState.DRAINING, operator, "kernel update")
+        gateway.sync.run_once()
+        # At once: no new request reaches it; its streams go on.
+        assert gateway.servers()[first.replica_id].state == ServerState.DRAIN
+        before = other.tokens_generated()
+        assert gateway.post("/v1/chat/completions", {**CHAT, "max_tokens": 3}, key).status_code == 200
+        assert other.tokens_generated() == before + 3
+
+        # The replacement is placed on the third node and runs; then the drained replica is released.
+        reconcile()
+        replacement = Replica.objects.get(replaces=first)
+        run_on(fleet, replacement)
+        reconcile()
+        assert Replica.objects.get(pk=first.pk).state == ReplicaState.RELEASING
+
+        # Its engine is held while its streams are in flight, then stopped once the last has ended.
+        agent = fleet[drained]
+        shard_id = first.shards.get().shard_id
+        held_while_streaming = 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            gateway.sync.run_once()
+            streaming = any(s.is_alive() for s in streams)
+            still_wanted = shard_id in agent.beat()
+            if not still_wanted:
+                break
+            held_while_streaming += streaming
+            time.sleep(0.1)
+        else:
+            pytest.fail("the drained replica was held past its streams")
+        stopped_at = time.monotonic()
+        assert held_while_streaming > 0, "the streams ended before the release: nothing was held"
+        for stream in streams:
+            stream.join(5)
+            assert stream.error is None
+            assert stream.events[-1] == b"data: [DONE]"
+            assert len(stream.events) == STREAM["max_tokens"] + 1
+            assert stream.ended_at <= stopped_at
+        # The agent's next report says the engine stopped: the shard and its GPU go.
+        agent.beat()
+        assert not Shard.objects.filter(shard_id=shard_id).exists()
+        wait_until(
+            lambda: (
+                not gateway.sync.run_once().actions
+                and gateway.servers().keys() == {second.replica_id, replacement.replica_id}
+            ),
+            5,
+            "the drained server deleted",
+        )
+    finally:
+        gateway.stop()
+
+
+def scale_down_the_newest(fleet) -> Shard:
+    newest = Replica.objects.order_by("-ordinal").first()
+    run_on(fleet, newest)
+    Deployment.objects.filter(name="chat").update(replicas=1)
+    reconcile()
+    shard = newest.shards.get()
+    assert shard.state == ReplicaState.RELEASING
+    return shard
+
+
+@pytest.mark.django_db
+def test_without_a_gateway_reporting_a_released_replica_stops_at_once(fleet):
+    newest = Replica.objects.order_by("-ordinal").first()
+    # A gateway that stopped reporting holds nothing.
+    inflight.report("gone", {newest.replica_id: 5}, now=time.time() - inflight.REPORT_MAX_AGE - 1)
+    shard = scale_down_the_newest(fleet)
+    assert shard.shard_id not in fleet[shard.node_id].beat()
+
+
+@pytest.mark.django_db
+def test_a_hold_ends_at_the_drain_deadline_with_requests_still_in_flight(fleet, settings):
+    settings.LLMGW_DRAIN_DEADLINE = 30
+    newest = Replica.objects.order_by("-ordinal").first()
+    inflight.report("gw-a", {newest.replica_id: 2})
+    inflight.report("gw-b", {newest.replica_id: 1, "other": 4})
+    assert inflight.read()[newest.replica_id] == 3
+    shard = scale_down_the_newest(fleet)
+    assert shard.shard_id in fleet[shard.node_id].beat()
+    assert drainhold.held([shard], now=shard.changed_at + timedelta(seconds=29)) == {shard.shard_id}
+    assert drainhold.held([shard], now=shard.changed_at + timedelta(seconds=31)) == set()
