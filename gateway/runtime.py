@@ -69,18 +69,17 @@ class Runtime:
         lines = self.ask("show backend").splitlines()
         return {line.strip() for line in lines[1:] if line.strip()}
 
-    def servers(self, backend: str) -> dict[str, ActualServer]:
-        """`show servers state`: name → address, port, weight, admin state."""
-        answer = self.ask(f"show servers state {backend}")
+    def servers(self, backend: str = "") -> dict[str, dict[str, ActualServer]]:
+        """`show servers state` (of one backend, or of all in one round trip): backend → name → its state."""
+        answer = self.ask(f"show servers state {backend}".strip())
         lines = [line for line in answer.splitlines()[1:] if line and not line.startswith("#")]
-        servers = {}
+        servers: dict[str, dict[str, ActualServer]] = {}
         for line in lines:
             f = line.split()
             # be_id be_name srv_id srv_name srv_addr srv_op_state srv_admin_state srv_uweight srv_iweight
             # srv_time_since_last_change ... srv_fqdn srv_port ...
-            servers[f[3]] = ActualServer(
-                name=f[3], address=f[4], port=int(f[18]), weight=int(f[7]), admin_state=int(f[6])
-            )
+            server = ActualServer(name=f[3], address=f[4], port=int(f[18]), weight=int(f[7]), admin_state=int(f[6]))
+            servers.setdefault(f[1], {})[server.name] = server
         return servers
 
     def in_flight(self) -> dict[tuple[str, str], int]:

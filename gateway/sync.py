@@ -70,9 +70,10 @@ class Sync:
                 self._reload(desired, done)
             elif self.loaded_shape is None:
                 self.loaded_shape = desired.shape()
+            actual = self.runtime.servers()
             in_flight = self.runtime.in_flight()
             for backend in desired.backends.values():
-                self._repair_servers(backend, in_flight, done)
+                self._repair_servers(backend, actual.get(backend.name, {}), in_flight, done)
             self._report(in_flight, done)
             self._repair_map(self.paths.models_map, desired.models_map(), done)
             self._repair_map(self.paths.keys_map, desired.keys, done)
@@ -116,8 +117,9 @@ class Sync:
 
     # -- servers --------------------------------------------------------------------------------
 
-    def _repair_servers(self, backend: Backend, in_flight: dict[tuple[str, str], int], done: Pass) -> None:
-        actual = self.runtime.servers(backend.name)
+    def _repair_servers(
+        self, backend: Backend, actual: dict[str, ActualServer], in_flight: dict[tuple[str, str], int], done: Pass
+    ) -> None:
         wanted = {s.name: s for s in backend.servers}
         for name, server in wanted.items():
             where = f"{backend.name}/{name}"

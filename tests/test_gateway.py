@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Engine:
     """A demo engine process that answers only its secret, and counts what reached it."""
 
-    def __init__(self, secret: str, *options: str):
+    def __init__(self, secret: str, cpu_ms_per_token: float = 0.1, *options: str):
         self.port = free_port()
         self.process = subprocess.Popen(
             [
@@ -47,7 +47,9 @@ class Engine:
                 "--port",
                 str(self.port),
                 "--cpu-ms-per-token",
-                "0.1",
+                str(cpu_ms_per_token),
+                "--kib-per-token",
+                "1",
                 *options,
             ],
             env={**os.environ, "LLMGW_ENGINE_API_KEY": secret},
@@ -56,9 +58,12 @@ class Engine:
         )
         wait_until(lambda: port_open(self.port), 10, "the demo engine")
 
-    def tokens_generated(self) -> float:
+    def gauge(self, name: str) -> float:
         text = requests.get(f"http://127.0.0.1:{self.port}/metrics", timeout=5).text
-        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith("vllm:generation_tokens")))
+        return float(next(line.split()[-1] for line in text.splitlines() if line.startswith(name + "{")))
+
+    def tokens_generated(self) -> float:
+        return self.gauge("vllm:generation_tokens_total")
 
     def stop(self) -> None:
         os.killpg(self.process.pid, signal.SIGKILL)
@@ -100,7 +105,7 @@ class Gateway:
         return requests.post(self.url(path), data=data, headers=headers, timeout=10, **kwargs)
 
     def servers(self, backend: str = "m_chat") -> dict:
-        return Runtime(self.paths.admin_socket).servers(backend)
+        return Runtime(self.paths.admin_socket).servers(backend).get(backend, {})
 
 
 @pytest.fixture
@@ -134,8 +139,8 @@ def engine(db):
     # The secret is made with the deployment; the engine is started with it, as the agent would.
     started: list[Engine] = []
 
-    def start(deployment_name: str) -> Engine:
-        made = Engine(Deployment.objects.get(name=deployment_name).engine_secret)
+    def start(deployment_name: str, cpu_ms_per_token: float = 0.1) -> Engine:
+        made = Engine(Deployment.objects.get(name=deployment_name).engine_secret, cpu_ms_per_token)
         started.append(made)
         return made
 
@@ -147,9 +152,9 @@ def engine(db):
 CHAT = {"model": "chat", "messages": [{"role": "user", "content": "Name three colours."}], "max_tokens": 4}
 
 
-def one_engine(gateway: Gateway, engine) -> Engine:
+def one_engine(gateway: Gateway, engine, cpu_ms_per_token: float = 0.1) -> Engine:
     replica = serve("gw-1", 0)
-    running = engine(replica.deployment.name)
+    running = engine(replica.deployment.name, cpu_ms_per_token)
     Shard.objects.filter(replica=replica).update(port=running.port)
     gateway.sync.run_once()
     return running
@@ -179,6 +184,22 @@ def test_a_stream_comes_through_event_by_event_to_done(gateway, engine, key):
     assert events[-1] == b"data: [DONE]"
     assert len(events) == 6
     assert json.loads(events[0].removeprefix(b"data: "))["object"] == "chat.completion.chunk"
+
+
+@pytest.mark.django_db
+def test_a_client_gone_mid_stream_stops_the_engines_work(gateway, engine, key):
+    running = one_engine(gateway, engine, cpu_ms_per_token=5)
+    answer = gateway.post(
+        "/v1/completions", {"model": "chat", "prompt": "x", "max_tokens": 4096, "stream": True}, key, stream=True
+    )
+    lines = answer.iter_lines()
+    assert next(line for line in lines if line).startswith(b"data: ")
+    answer.close()
+    wait_until(lambda: running.gauge("vllm:num_requests_running") == 0, 10, "the engine to stop the stream")
+    made = running.tokens_generated()
+    assert made < 4096
+    assert gateway.post("/v1/completions", {"model": "chat", "prompt": "x", "max_tokens": 1}, key).status_code == 200
+    assert running.tokens_generated() == made + 1
 
 
 @pytest.mark.django_db

@@ -44,7 +44,7 @@ class Agent:
         self.engines: dict[str, Engine] = {}
 
     def start(self, shard: Shard, secret: str) -> Engine:
-        engine = Engine(secret, *SLOW)
+        engine = Engine(secret, 0.1, *SLOW)
         Shard.objects.filter(pk=shard.pk).update(port=engine.port)
         self.engines[shard.shard_id] = engine
         return engine
