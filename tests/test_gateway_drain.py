@@ -1,4 +1,6 @@
-"""Drain without a dropped request: a real HAProxy programmed by the real sync, real demo engines, the real reconciler.
+"""Drain without a dropped request, and failover.
+
+A real HAProxy programmed by the real sync, real demo engines, the real reconciler.
 
 The agent is played by the test through the heartbeat's own entry point (`inventory.desired.orders`):
 it reports its shards, and stops an engine when its node's list no longer holds the shard, as the
@@ -59,7 +61,8 @@ class Agent:
 
     def stop_all(self) -> None:
         for engine in self.engines.values():
-            engine.stop()
+            if engine.process.poll() is None:  # not killed by the test already
+                engine.stop()
 
 
 class Stream(threading.Thread):
@@ -223,3 +226,71 @@ def test_a_hold_ends_at_the_drain_deadline_with_requests_still_in_flight(fleet, 
     assert shard.shard_id in fleet[shard.node_id].beat()
     assert drainhold.held([shard], now=shard.changed_at + timedelta(seconds=29)) == {shard.shard_id}
     assert drainhold.held([shard], now=shard.changed_at + timedelta(seconds=31)) == set()
+
+
+def two_replicas_running(fleet, tmp_path) -> tuple[Gateway, list[Engine]]:
+    gateway = Gateway(tmp_path / "gw")
+    engines = [run_on(fleet, replica) for replica in Replica.objects.order_by("ordinal")]
+    gateway.sync.run_once()
+    assert len(gateway.servers()) == 2
+    return gateway, engines
+
+
+def post_all(gateway: Gateway, key: str, body: dict, count: int) -> tuple[list, list[threading.Thread]]:
+    """`count` requests at once; each one's status code, or the exception it raised."""
+    results: list = [None] * count
+
+    def one(i: int) -> None:
+        try:
+            results[i] = gateway.post("/v1/chat/completions", body, key).status_code
+        except Exception as exc:  # kept for the assertion, which names it
+            results[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    return results, threads
+
+
+@pytest.mark.django_db
+def test_an_engine_killed_under_load_costs_no_request_that_had_not_started_answering(tmp_path, fleet, key):
+    gateway, (doomed, survivor) = two_replicas_running(fleet, tmp_path)
+    try:
+        # Each answer takes about 20 × 60 ms; the kill comes while both engines hold requests.
+        body = {**CHAT, "max_tokens": 20}
+        results, threads = post_all(gateway, key, body, 40)
+        wait_until(lambda: doomed.gauge("vllm:num_requests_running") >= 5, 10, "requests on the doomed engine")
+        doomed.stop()
+        for thread in threads:
+            thread.join(30)
+        assert results == [200] * 40
+        assert survivor.gauge("vllm:num_requests_running") == 0
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.django_db
+def test_a_stream_cut_mid_way_ends_at_once_for_its_client_never_hangs(tmp_path, fleet, key):
+    gateway, (doomed, _) = two_replicas_running(fleet, tmp_path)
+    try:
+        streams = [Stream(gateway, key) for _ in range(4)]
+        for stream in streams:
+            stream.start()
+        for stream in streams:
+            assert stream.started.wait(10)
+        wait_until(lambda: doomed.gauge("vllm:num_requests_running") >= 1, 10, "a stream on the doomed engine")
+        killed_at = time.monotonic()
+        doomed.stop()
+        for stream in streams:
+            stream.join(10)
+            assert not stream.is_alive(), "a cut stream hangs"
+        cut = [s for s in streams if s.events[-1] != b"data: [DONE]"]
+        assert cut, "no stream was on the killed engine"
+        for stream in cut:
+            # Ended by the gateway's close within a second of the kill, not by a timeout.
+            assert stream.ended_at - killed_at < 1.0
+            assert stream.error is not None
+        for stream in set(streams) - set(cut):
+            assert stream.error is None and len(stream.events) == STREAM["max_tokens"] + 1
+    finally:
+        gateway.stop()
