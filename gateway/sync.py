@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway import haproxy_config
+from gateway import haproxy_config, weights
 from gateway.haproxy_config import Backend, Desired, Frontend, Paths, ServerState
 from gateway.runtime import ActualServer, Runtime, RuntimeError_
 
@@ -43,12 +43,15 @@ class Sync:
         frontend: Frontend,
         read_desired: Callable[[], Desired],
         report_in_flight: Callable[[dict[str, int]], None] | None = None,
+        read_queues: Callable[[Desired], dict[str, float]] | None = None,
     ):
         self.paths = paths
         self.frontend = frontend
         self.read_desired = read_desired
         # Where the requests in flight on each server go, by replica id: what a drain waits for.
         self.report_in_flight = report_in_flight
+        # Each server's engine queue depth by name, which weighs it (gateway.weights); None: all weigh the same.
+        self.read_queues = read_queues
         self.runtime = Runtime(paths.admin_socket, paths.master_socket)
         self.desired: Desired | None = None
         # The shape the running HAProxy was last reloaded with; None: not known (a new sync process).
@@ -72,7 +75,9 @@ class Sync:
                 self.loaded_shape = desired.shape()
             actual = self.runtime.servers()
             in_flight = self.runtime.in_flight()
-            for backend in desired.backends.values():
+            # Weights change with the engines' queues: set at run time, never written to the config.
+            running = weights.weighted(desired, self.read_queues(desired)) if self.read_queues else desired
+            for backend in running.backends.values():
                 self._repair_servers(backend, actual.get(backend.name, {}), in_flight, done)
             self._report(in_flight, done)
             self._repair_map(self.paths.models_map, desired.models_map(), done)

@@ -14,10 +14,11 @@ import time
 from datetime import timedelta
 
 import pytest
+import requests
 
 from agent import protocol
 from devstack.polling import wait_until
-from gateway import wanted
+from gateway import wanted, weights
 from gateway.haproxy_config import ServerState
 from gateway.models import ApiKey, Tenant
 from gateway.sync import Sync
@@ -45,8 +46,8 @@ class Agent:
         self.node_id = node_id
         self.engines: dict[str, Engine] = {}
 
-    def start(self, shard: Shard, secret: str) -> Engine:
-        engine = Engine(secret, 0.1, *SLOW)
+    def start(self, shard: Shard, secret: str, options: tuple[str, ...] = SLOW) -> Engine:
+        engine = Engine(secret, 0.1, *options)
         Shard.objects.filter(pk=shard.pk).update(port=engine.port)
         self.engines[shard.shard_id] = engine
         return engine
@@ -111,10 +112,10 @@ def fleet(db):
         agent.stop_all()
 
 
-def run_on(agents: dict[str, Agent], replica: Replica) -> Engine:
+def run_on(agents: dict[str, Agent], replica: Replica, options: tuple[str, ...] = SLOW) -> Engine:
     shard = replica.shards.get()
     agent = agents[shard.node_id]
-    engine = agent.start(shard, replica.deployment.engine_secret)
+    engine = agent.start(shard, replica.deployment.engine_secret, options)
     agent.beat()
     assert Replica.objects.get(pk=replica.pk).state == ReplicaState.RUNNING
     return engine
@@ -228,9 +229,9 @@ def test_a_hold_ends_at_the_drain_deadline_with_requests_still_in_flight(fleet, 
     assert drainhold.held([shard], now=shard.changed_at + timedelta(seconds=31)) == set()
 
 
-def two_replicas_running(fleet, tmp_path) -> tuple[Gateway, list[Engine]]:
+def two_replicas_running(fleet, tmp_path, options: tuple[str, ...] = SLOW) -> tuple[Gateway, list[Engine]]:
     gateway = Gateway(tmp_path / "gw")
-    engines = [run_on(fleet, replica) for replica in Replica.objects.order_by("ordinal")]
+    engines = [run_on(fleet, replica, options) for replica in Replica.objects.order_by("ordinal")]
     gateway.sync.run_once()
     assert len(gateway.servers()) == 2
     return gateway, engines
@@ -294,3 +295,53 @@ def test_a_stream_cut_mid_way_ends_at_once_for_its_client_never_hangs(tmp_path, 
             assert stream.error is None and len(stream.events) == STREAM["max_tokens"] + 1
     finally:
         gateway.stop()
+
+
+@pytest.mark.django_db
+def test_a_servers_weight_follows_its_engines_queue(tmp_path, fleet):
+    # One slot each: a fourth request waits behind three.
+    gateway, (busy, _) = two_replicas_running(fleet, tmp_path, ("--max-running", "1", "--ms-between-tokens", "60"))
+    gateway.sync.read_queues = weights.queues
+    try:
+        first, second = Replica.objects.order_by("ordinal")
+        weights_now = lambda: {name: s.weight for name, s in gateway.servers().items()}  # noqa: E731
+        gateway.sync.run_once()
+        assert weights_now() == {first.replica_id: 100, second.replica_id: 100}
+        # Straight to the engine, as another gateway's requests would come: one runs, three wait for its slot.
+        secret = first.deployment.engine_secret
+        direct = [
+            threading.Thread(
+                target=requests.post,
+                args=(f"http://127.0.0.1:{busy.port}/v1/completions",),
+                kwargs={
+                    "json": {"prompt": "x", "max_tokens": 30},
+                    "headers": {"Authorization": f"Bearer {secret}"},
+                    "timeout": 30,
+                },
+                daemon=True,
+            )
+            for _ in range(4)
+        ]
+        for thread in direct:
+            thread.start()
+        wait_until(lambda: busy.gauge("vllm:num_requests_waiting") == 3, 10, "three requests queued")
+        done = gateway.sync.run_once()
+        assert weights_now() == {first.replica_id: 12, second.replica_id: 100}, done
+        assert f"set server m_chat/{first.replica_id} weight 12" in done.actions
+        # Unchanged queue, nothing sent; the queue gone, the full weight back.
+        assert gateway.sync.run_once().actions == []
+        for thread in direct:
+            thread.join(30)
+        gateway.sync.run_once()
+        assert weights_now() == {first.replica_id: 100, second.replica_id: 100}
+    finally:
+        gateway.stop()
+
+
+def test_the_weight_halves_with_each_request_waiting():
+    assert [weights.weight(n) for n in (0, 1, 2, 3, 6, 7, 1000)] == [100, 50, 25, 12, 1, 1, 1]
+    llama = "llamacpp:requests_deferred 2\nllamacpp:requests_processing 4\n"
+    sglang = 'sglang:num_queue_reqs{model_name="m"} 1.0\n'
+    assert weights.queue_depth(llama) == 2
+    assert weights.queue_depth(sglang) == 1
+    assert weights.queue_depth("other_metric 3\n") is None

@@ -12,7 +12,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
-from gateway import haproxy_config, wanted
+from gateway import haproxy_config, wanted, weights
 from gateway.haproxy_config import MAX_BODY, Frontend, Paths
 from gateway.sync import Sync, loop
 from livestate import inflight
@@ -56,5 +56,11 @@ class Command(BaseCommand):
             return
         # Two gateways on one machine listen on two addresses.
         name = options["name"] or f"{socket.gethostname()} {options['bind']}"
-        sync = Sync(paths, frontend, read_desired, report_in_flight=lambda counts: inflight.report(name, counts))
+        sync = Sync(
+            paths,
+            frontend,
+            read_desired,
+            report_in_flight=lambda counts: inflight.report(name, counts),
+            read_queues=weights.queues,
+        )
         loop(sync, interval=options["interval"])
