@@ -515,7 +515,20 @@ class DeploymentAdmin(admin.ModelAdmin):
     search_fields = ("name", "served_model_name", "model_source")
     inlines = (ReplicaInline,)
     fieldsets = (
-        (None, {"fields": ("name", "served_model_name", "model_source", "engine", "arguments", "replicas")}),
+        (
+            None,
+            {
+                "fields": (
+                    "name",
+                    "served_model_name",
+                    "prefix_affinity",
+                    "model_source",
+                    "engine",
+                    "arguments",
+                    "replicas",
+                )
+            },
+        ),
         (
             "Profile: what one shard needs",
             {

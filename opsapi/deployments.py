@@ -22,6 +22,7 @@ def deployment_fields(deployment: Deployment) -> dict:
     return {
         "name": deployment.name,
         "served_model_name": deployment.served_model_name,
+        "prefix_affinity": deployment.prefix_affinity,
         "model_source": deployment.model_source,
         "engine": deployment.engine,
         "arguments": deployment.arguments,

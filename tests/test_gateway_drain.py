@@ -345,3 +345,24 @@ def test_the_weight_halves_with_each_request_waiting():
     assert weights.queue_depth(llama) == 2
     assert weights.queue_depth(sglang) == 1
     assert weights.queue_depth("other_metric 3\n") is None
+
+
+@pytest.mark.django_db
+def test_prefix_affinity_sends_requests_that_start_alike_to_one_replica(tmp_path, fleet, key):
+    Deployment.objects.filter(name="chat").update(prefix_affinity=True)
+    gateway, engines = two_replicas_running(fleet, tmp_path, ("--max-running", "4"))
+    try:
+        assert "hash-balance-factor 125" in gateway.paths.config.read_text()
+
+        def tokens_per_engine(prompts: list[str]) -> list[float]:
+            before = [e.tokens_generated() for e in engines]
+            for prompt in prompts:
+                body = {"model": "chat", "messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
+                assert gateway.post("/v1/chat/completions", body, key).status_code == 200
+            return [e.tokens_generated() - b for e, b in zip(engines, before, strict=True)]
+
+        # Alike: one replica takes all ten; different starts spread over both.
+        assert sorted(tokens_per_engine(["You are a helpful assistant. Name a colour."] * 10)) == [0, 10]
+        assert min(tokens_per_engine([f"Question {i}: name a colour." for i in range(20)])) > 0
+    finally:
+        gateway.stop()

@@ -15,7 +15,16 @@ class DeploymentInput(serializers.ModelSerializer):
 
     class Meta:
         model = Deployment
-        fields = ("name", "served_model_name", "model_source", "engine", "arguments", "replicas", *PROFILE_FIELDS)
+        fields = (
+            "name",
+            "served_model_name",
+            "prefix_affinity",
+            "model_source",
+            "engine",
+            "arguments",
+            "replicas",
+            *PROFILE_FIELDS,
+        )
 
 
 class ScaleInput(serializers.Serializer):
@@ -51,6 +60,9 @@ class NotPlacedSerializer(serializers.Serializer):
 class DeploymentSerializer(serializers.Serializer):
     name = serializers.CharField()
     served_model_name = serializers.CharField(help_text="What clients send as `model` through the gateway.")
+    prefix_affinity = serializers.BooleanField(
+        help_text="Requests that start alike go to the same replica, within a bound on its load."
+    )
     model_source = serializers.CharField()
     engine = serializers.ChoiceField(choices=Engine.choices)
     arguments = serializers.CharField()
