@@ -8,6 +8,12 @@ removed deployment (a backend) or a changed engine secret needs a new config: re
 then reloaded through the master. When the database cannot be read the last desired state
 stands; when HAProxy cannot be reached, the next pass tries again. Nothing is assumed from
 an earlier pass: HAProxy may have restarted in between.
+
+Two things go the other way each pass: the servers' weights follow their engines' queues
+(`gateway.weights`), and the requests in flight on each server are reported (to Redis, by
+`gateway_sync`), so that a leaving replica's engine is stopped only once they have ended
+(`inventory.drainhold`). A server no longer wanted with requests on it is drained, not
+deleted, until they have.
 """
 
 from __future__ import annotations
