@@ -14,6 +14,7 @@ control plane's to judge, not the weights').
 from __future__ import annotations
 
 import dataclasses
+import http.client
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -49,7 +50,7 @@ def scrape(server: Server, secret: str) -> float | None:
     try:
         with urllib.request.urlopen(request, timeout=TIMEOUT) as answer:
             return queue_depth(answer.read().decode(errors="replace"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, http.client.HTTPException):  # no answer, or not one we can read
         return None
 
 
