@@ -84,7 +84,7 @@ class Sync:
             actual = self.runtime.servers()
             in_flight = self.runtime.in_flight()
             # Weights change with the engines' queues: set at run time, never written to the config.
-            running = weights.weighted(desired, self.read_queues(desired)) if self.read_queues else desired
+            running = self._weighted(desired, done)
             for backend in running.backends.values():
                 self._repair_servers(backend, actual.get(backend.name, {}), in_flight, done)
             self._report(in_flight, done)
@@ -169,6 +169,15 @@ class Sync:
                 done.actions.append(f"del server {where}")
             else:
                 done.waiting.append(f"del server {where}: {answer}")
+
+    def _weighted(self, desired: Desired, done: Pass) -> Desired:
+        if self.read_queues is None:
+            return desired
+        try:
+            return weights.weighted(desired, self.read_queues(desired))
+        except Exception as exc:  # weights are an optimisation: a failure must not stop the repairs
+            done.errors.append(f"engines' queues not read, every server weighs the same: {exc}")
+            return desired
 
     def _report(self, in_flight: dict[tuple[str, str], int], done: Pass) -> None:
         if self.report_in_flight is None:
