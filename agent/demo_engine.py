@@ -28,9 +28,12 @@ MAX_TOKENS = 4096
 
 
 class Engine:
-    def __init__(self, model: str, cpu_ms_per_token: float, kib_per_token: int, max_running: int):
+    def __init__(
+        self, model: str, cpu_ms_per_token: float, kib_per_token: int, max_running: int, ms_between_tokens: float = 0
+    ):
         self.model = model
         self.cpu_seconds_per_token = cpu_ms_per_token / 1000
+        self.seconds_between_tokens = ms_between_tokens / 1000
         self.bytes_per_token = kib_per_token * 1024
         self.slots = threading.Semaphore(max_running)
         self.lock = threading.Lock()
@@ -83,7 +86,10 @@ class Engine:
         for i in range(0, len(cache), 4096):
             cache[i] = 1
         digest = hashlib.sha256(prompt.encode()).digest()
-        for _ in range(max_tokens):
+        for i in range(max_tokens):
+            if i and self.seconds_between_tokens:
+                # A slow model without the CPU it would burn: streams that last, for drains and failovers.
+                time.sleep(self.seconds_between_tokens)
             deadline = time.thread_time() + self.cpu_seconds_per_token
             while time.thread_time() < deadline:
                 digest = hashlib.sha256(digest).digest()
@@ -249,8 +255,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cpu-ms-per-token", type=float, default=2.0, help="CPU time burnt per generated token")
     parser.add_argument("--kib-per-token", type=int, default=64, help="memory held per token while a request runs")
     parser.add_argument("--max-running", type=int, default=4, help="requests served at once; the rest wait")
+    parser.add_argument("--ms-between-tokens", type=float, default=0, help="wall-clock pause between tokens")
     args = parser.parse_args(argv)
-    Handler.engine = Engine(args.model, args.cpu_ms_per_token, args.kib_per_token, args.max_running)
+    Handler.engine = Engine(
+        args.model, args.cpu_ms_per_token, args.kib_per_token, args.max_running, args.ms_between_tokens
+    )
     Handler.api_key = os.environ.get("LLMGW_ENGINE_API_KEY", "")
     Server((args.host, args.port), Handler).serve_forever()
 

@@ -33,7 +33,7 @@ class ServerState:
     """An HAProxy server's admin state as the sync sets it."""
 
     READY = "ready"
-    # No new requests; those in flight finish (the drain-without-drop follow-up uses it).
+    # No new requests; those in flight finish: a server leaving while requests are on it (gateway.sync).
     DRAIN = "drain"
 
 
@@ -55,6 +55,8 @@ class Backend:
     served_model: str
     engine_secret: str
     servers: tuple[Server, ...] = ()
+    # Requests that start alike go to one replica, for engines that cache prompts (PREFIX_AFFINITY).
+    prefix_affinity: bool = False
 
     @property
     def name(self) -> str:
@@ -69,9 +71,9 @@ class Desired:
     backends: dict[str, Backend] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
 
-    def shape(self) -> tuple[tuple[str, str], ...]:
+    def shape(self) -> tuple[tuple[str, str, bool], ...]:
         """What only a reload can change: the backends and their engines' secrets."""
-        return tuple(sorted((b.name, b.engine_secret) for b in self.backends.values()))
+        return tuple(sorted((b.name, b.engine_secret, b.prefix_affinity) for b in self.backends.values()))
 
     def models_map(self) -> dict[str, str]:
         return {served: backend.name for served, backend in self.backends.items()}
@@ -188,10 +190,20 @@ def server_line(server: Server) -> str:
     return line + (" disabled" if server.state != ServerState.READY else "")
 
 
+# Prefix affinity with bounded load: a consistent hash of the body's first bytes (the model and the
+# start of the first message: a shared system prompt) picks the replica, unless that one already has
+# 25 % more requests than the backend's average, then the next on the ring (bench/routing.py compares it).
+PREFIX_AFFINITY = (
+    "    balance hash req.body,bytes(0,320)",
+    "    hash-type consistent",
+    "    hash-balance-factor 125",
+)
+
+
 def backend_section(backend: Backend) -> str:
     lines = [
         f"backend {backend.name}",
-        "    balance leastconn",
+        *(PREFIX_AFFINITY if backend.prefix_affinity else ("    balance leastconn",)),
         "    http-reuse always",
         "    # The engines answer only requests carrying their deployment's secret: the gateways'.",
         f'    http-request set-header Authorization "Bearer {backend.engine_secret}"',

@@ -91,6 +91,22 @@ class Runtime:
             servers.setdefault(f[1], {})[server.name] = server
         return servers
 
+    def in_flight(self) -> dict[tuple[str, str], int]:
+        """`show stat`: (backend, server) → requests on it now, being answered (scur) or queued for it (qcur)."""
+        lines = self.ask("show stat").splitlines()
+        if not lines or not lines[0].startswith("# "):
+            raise RuntimeError_(f"show stat: {lines[:1]}")
+        columns = lines[0][2:].split(",")
+        proxy, server = columns.index("pxname"), columns.index("svname")
+        current, queued = columns.index("scur"), columns.index("qcur")
+        counts = {}
+        for line in lines[1:]:
+            f = line.split(",")
+            if len(f) < len(columns) or f[server] in ("FRONTEND", "BACKEND"):
+                continue
+            counts[(f[proxy], f[server])] = int(f[current] or 0) + int(f[queued] or 0)
+        return counts
+
     def map_entries(self, path: Path) -> dict[str, str]:
         entries = {}
         for line in self.ask(f"show map {path}").splitlines():

@@ -8,6 +8,12 @@ removed deployment (a backend) or a changed engine secret needs a new config: re
 then reloaded through the master. When the database cannot be read the last desired state
 stands; when HAProxy cannot be reached, the next pass tries again. Nothing is assumed from
 an earlier pass: HAProxy may have restarted in between.
+
+Two things go the other way each pass: the servers' weights follow their engines' queues
+(`gateway.weights`), and the requests in flight on each server are reported (to Redis, by
+`gateway_sync`), so that a leaving replica's engine is stopped only once they have ended
+(`inventory.drainhold`). A server no longer wanted with requests on it is drained, not
+deleted, until they have.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway import haproxy_config
+from gateway import haproxy_config, weights
 from gateway.haproxy_config import SERVER_OPTIONS, Backend, Desired, Frontend, Paths, ServerState
 from gateway.runtime import ActualServer, Runtime, RuntimeError_
 
@@ -39,10 +45,21 @@ class Pass:
 
 
 class Sync:
-    def __init__(self, paths: Paths, frontend: Frontend, read_desired: Callable[[], Desired]):
+    def __init__(
+        self,
+        paths: Paths,
+        frontend: Frontend,
+        read_desired: Callable[[], Desired],
+        report_in_flight: Callable[[dict[str, int]], None] | None = None,
+        read_queues: Callable[[Desired], dict[str, float]] | None = None,
+    ):
         self.paths = paths
         self.frontend = frontend
         self.read_desired = read_desired
+        # Where the requests in flight on each server go, by replica id: what a drain waits for.
+        self.report_in_flight = report_in_flight
+        # Each server's engine queue depth by name, which weighs it (gateway.weights); None: all weigh the same.
+        self.read_queues = read_queues
         self.runtime = Runtime(paths.admin_socket, paths.master_socket)
         self.desired: Desired | None = None
         # The shape the running HAProxy was last reloaded with; None: not known (a new sync process).
@@ -65,8 +82,12 @@ class Sync:
             elif self.loaded_shape is None:
                 self.loaded_shape = desired.shape()
             actual = self.runtime.servers()
-            for backend in desired.backends.values():
-                self._repair_servers(backend, actual.get(backend.name, {}), done)
+            in_flight = self.runtime.in_flight()
+            # Weights change with the engines' queues: set at run time, never written to the config.
+            running = self._weighted(desired, done)
+            for backend in running.backends.values():
+                self._repair_servers(backend, actual.get(backend.name, {}), in_flight, done)
+            self._report(in_flight, done)
             self._repair_map(self.paths.models_map, desired.models_map(), done)
             self._repair_map(self.paths.keys_map, desired.keys, done)
             self._repair_map(self.paths.catalog_map, desired.catalog_map(), done)
@@ -113,7 +134,9 @@ class Sync:
 
     # -- servers --------------------------------------------------------------------------------
 
-    def _repair_servers(self, backend: Backend, actual: dict[str, ActualServer], done: Pass) -> None:
+    def _repair_servers(
+        self, backend: Backend, actual: dict[str, ActualServer], in_flight: dict[tuple[str, str], int], done: Pass
+    ) -> None:
         wanted = {s.name: s for s in backend.servers}
         for name, server in wanted.items():
             where = f"{backend.name}/{name}"
@@ -137,14 +160,40 @@ class Sync:
             if name in wanted:
                 continue
             where = f"{backend.name}/{name}"
+            if in_flight.get((backend.name, name), 0):
+                # No new request reaches it; those in flight finish, and it goes once they have.
+                if have.state != ServerState.DRAIN:
+                    self._do(done, f"set server {where} state drain")
+                continue
             if have.state != "maint":
                 self._do(done, f"set server {where} state maint")
-            # Refused while requests are still in flight on it: the next pass tries again.
+            # Refused while a connection is still open on it: the next pass tries again.
             answer = self.runtime.ask(f"del server {where}").strip()
             if answer.startswith("Server deleted"):
                 done.actions.append(f"del server {where}")
             else:
                 done.waiting.append(f"del server {where}: {answer}")
+
+    def _weighted(self, desired: Desired, done: Pass) -> Desired:
+        if self.read_queues is None:
+            return desired
+        try:
+            return weights.weighted(desired, self.read_queues(desired))
+        except Exception as exc:  # weights are an optimisation: a failure must not stop the repairs
+            done.errors.append(f"engines' queues not read, every server weighs the same: {exc}")
+            return desired
+
+    def _report(self, in_flight: dict[tuple[str, str], int], done: Pass) -> None:
+        if self.report_in_flight is None:
+            return
+        by_replica: dict[str, int] = {}
+        for (backend, server), count in in_flight.items():
+            if backend.startswith("m_"):
+                by_replica[server] = by_replica.get(server, 0) + count
+        try:
+            self.report_in_flight(by_replica)
+        except Exception as exc:  # Redis down: drains stop waiting (bounded by their deadline anyway)
+            done.errors.append(f"requests in flight not reported: {exc}")
 
     # -- maps -----------------------------------------------------------------------------------
 

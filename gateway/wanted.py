@@ -53,8 +53,10 @@ def read() -> Desired:
         if replica not in broken and address and port:
             servers[deployment].append(Server(name=name, address=address.strip("[]"), port=port))
     backends = {
-        served: Backend(served, secret, tuple(servers.get(pk, ())))
-        for pk, served, secret in Deployment.objects.values_list("pk", "served_model_name", "engine_secret")
+        served: Backend(served, secret, tuple(servers.get(pk, ())), affinity)
+        for pk, served, secret, affinity in Deployment.objects.values_list(
+            "pk", "served_model_name", "engine_secret", "prefix_affinity"
+        )
     }
     keys = dict(ApiKey.objects.usable().values_list("digest", "tenant__name"))
     return Desired(backends=backends, keys=keys)

@@ -521,6 +521,7 @@ class DeploymentAdmin(admin.ModelAdmin):
                 "fields": (
                     "name",
                     "served_model_name",
+                    "prefix_affinity",
                     "model_source",
                     "engine",
                     "arguments",

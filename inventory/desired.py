@@ -19,7 +19,7 @@ from typing import NamedTuple
 from django.conf import settings
 
 from agent import enginekinds, protocol
-from inventory import endpoints, engine_wants
+from inventory import drainhold, endpoints, engine_wants
 from inventory.models import RUN_STATES, Deployment, ReplicaState, Shard
 from inventory.replicas import apply_reports, read_reports
 from livestate import shardlists
@@ -83,13 +83,16 @@ def orders(
     recently_failed = [s for s in rows if s.state == ReplicaState.FAILED]
     effects = read_reports(node_id, shards, reports) if reports is not None else None
     gone = apply_reports(effects) if effects else set()
-    wanted = [s for s in shards if s.state in RUN_STATES and s.shard_id not in gone]
+    # A leaving replica's engine runs on while gateways have requests on it (inventory.drainhold).
+    held = drainhold.held(s for s in shards if s.shard_id not in gone)
+    wanted = [s for s in shards if (s.state in RUN_STATES or s.shard_id in held) and s.shard_id not in gone]
     leaders = _leaders([s.replica for s in wanted if s.replica.deployment.shards_per_replica > 1])
     specs = [shard_spec(s, leaders.get(s.replica_id, "")) for s in wanted]
     # Placing a shard is what asks for its engine: the agent installs it, then starts the shard.
     result = Orders(specs, engine_wants.wants([*wanted, *recently_failed]))
-    # After writing, the version has moved: the next heartbeat reads again.
-    if version is not None and not effects:
+    # After writing, the version has moved: the next heartbeat reads again. A hold ends with no
+    # change of version (the gateways' requests finish), so while one lasts nothing is cached.
+    if version is not None and not effects and not held:
         _store_cache(node_id, version, shards, result)
     return result
 

@@ -35,7 +35,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from inventory import engine_wants
+from inventory import drainhold, engine_wants
 from inventory.gpuhealth import recover
 from inventory.models import (
     LIVE_STATES,
@@ -65,9 +65,10 @@ from livestate import shardversion
 
 log = logging.getLogger(__name__)
 
-# How long a releasing shard waits for its agent to say the engine stopped
-# before its GPUs are handed out anyway (an agent that never answers must not
-# hold them for ever).
+# How long a releasing shard waits for its agent to say the engine stopped,
+# after the drain's hold (inventory.drainhold) may have kept it running, before
+# its GPUs are handed out anyway (an agent that never answers must not hold
+# them for ever).
 RELEASE_GRACE = timedelta(seconds=60)
 # Placements younger than this are checked for GPUs removed while they were
 # written (replicas.fail_on_unusable_gpus); a pass takes well under a second.
@@ -120,8 +121,9 @@ def reconcile(now: datetime | None = None) -> ReconcileResult:
 
 
 def _finish_releases(now: datetime, result: ReconcileResult) -> None:
+    given_up = now - drainhold.deadline() - RELEASE_GRACE
     done = Shard.objects.filter(state=ReplicaState.RELEASING).filter(
-        Q(node__isnull=True) | ~Q(node__liveness=Liveness.ALIVE) | Q(changed_at__lt=now - RELEASE_GRACE)
+        Q(node__isnull=True) | ~Q(node__liveness=Liveness.ALIVE) | Q(changed_at__lt=given_up)
     )
     result.released += finish_release(done.values_list("shard_id", flat=True))
     # A releasing replica that never had shards placed has nothing to wait for.

@@ -42,6 +42,9 @@ SELF_METRICS = "llmgw:selfmetrics"
 RECONCILE_LOCK = "llmgw:reconcile"
 # The cluster page's fleet totals, shared by every web worker for a few seconds (nodes/views/summary.py).
 FLEET_TOTALS = "llmgw:pages:fleet-totals"
+# Hash: gateway instance → JSON of its servers' requests in flight by replica id, with when it was
+# reported (livestate.inflight): written by each gateway's sync every second, read to hold a drain.
+GATEWAY_IN_FLIGHT = "llmgw:gateway:in-flight"
 # The fleet's part of /metrics, rendered ahead by Celery beat (nodes/metrics/prerender.py).
 METRICS_FLEET = "llmgw:metrics:fleet"
 

@@ -39,6 +39,9 @@ try:
     # (inventory/liveness.py): then the fault is more likely ours or the network's.
     LLMGW_DISRUPTION_THRESHOLD = env_float("LLMGW_DISRUPTION_THRESHOLD", 0.55, minimum=0.0, maximum=1.0)
     LLMGW_LOAD_MAX_AGE = env_float("LLMGW_LOAD_MAX_AGE", 60.0, minimum=0.1)
+    # How long a replica leaving (drained, moved, scaled down) keeps its engine running while the
+    # gateways report requests in flight on it (inventory/drainhold.py); then it is stopped anyway.
+    LLMGW_DRAIN_DEADLINE = env_float("LLMGW_DRAIN_DEADLINE", 300.0, minimum=0.0)
     LLMGW_BEAT_PERIOD = env_float("LLMGW_BEAT_PERIOD", 5.0, minimum=0.1)
     # How often Celery beat renders the fleet's part of /metrics ahead of the scrapes (nodes/metrics/prerender.py).
     LLMGW_METRICS_RENDER_PERIOD = 10.0

@@ -23,6 +23,7 @@ def deployment_fields(deployment: Deployment, may_change: bool) -> dict:
     return {
         "name": deployment.name,
         "served_model_name": deployment.served_model_name,
+        "prefix_affinity": deployment.prefix_affinity,
         "model_source": deployment.model_source,
         "engine": deployment.engine,
         "arguments": deployment.arguments_for(may_change),

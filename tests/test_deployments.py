@@ -64,7 +64,8 @@ def test_a_shards_engine_is_given_its_deployments_secret_and_llama_server_the_sc
     assert specs["llama"].env[enginekinds.API_KEY_ENV] == made.engine_secret
     assert specs["llama"].env[enginekinds.SCRAPE_KEY_ENV] == "scrape-key"
     assert specs["other"].env[enginekinds.API_KEY_ENV] == other.engine_secret
-    assert [admission.shard_refusal(spec, ()) for spec in specs.values()] == [None, None]
+    allowed = admission.Allowed(model_dirs=("/models",), command_programs=())
+    assert [admission.shard_refusal(spec, allowed) for spec in specs.values()] == [None, None]
     # ... and the agent puts them where each engine's record says it reads them.
     llama_env = enginekinds.get("llama.cpp").environment(specs["llama"].env)
     assert llama_env["LLAMA_API_KEY"] == f"{made.engine_secret},scrape-key"

@@ -127,7 +127,7 @@ def test_the_control_plane_builds_commands_from_the_agents_templates():
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every package of the product: the agent, the control plane's apps and site, the CLI.
-PACKAGES = ("agent", "inventory", "nodes", "opsapi", "livestate", "llmgwctl", "llmgw_site")
+PACKAGES = ("agent", "inventory", "nodes", "opsapi", "gateway", "lib", "livestate", "llmgwctl", "llmgw_site")
 RECORDS = ROOT / "agent" / "enginekinds"
 # The same words in another sense, each with where and why; a kind named there in a kind's
 # sense would still be caught, as every other word of those files is checked.

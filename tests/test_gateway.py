@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 class Engine:
     """A demo engine process that answers only its secret, and counts what reached it."""
 
-    def __init__(self, secret: str, cpu_ms_per_token: float = 0.1):
+    def __init__(self, secret: str, cpu_ms_per_token: float = 0.1, *options: str):
         self.port = free_port()
         self.process = subprocess.Popen(
             [
@@ -50,6 +50,7 @@ class Engine:
                 str(cpu_ms_per_token),
                 "--kib-per-token",
                 "1",
+                *options,
             ],
             env={**os.environ, "LLMGW_ENGINE_API_KEY": secret},
             cwd=ROOT,
@@ -330,8 +331,9 @@ def test_a_server_taken_out_under_a_stream_is_deleted_once_the_stream_ends(gatew
     Node.objects.filter(pk="gw-1").update(admin_state=AdminState.CORDONED)
     gateway.sync.run_once()
     # Out at once (no new request reaches it), but not deleted under the stream.
-    assert {name: s.state for name, s in gateway.servers().items()} == {"d-gw-1-r1": "maint"}
-    assert gateway.post("/v1/chat/completions", CHAT, key).status_code == 503
+    assert {name: s.state for name, s in gateway.servers().items()} == {"d-gw-1-r1": "drain"}
+    refused = gateway.post("/v1/chat/completions", CHAT, key)
+    assert refused.status_code == 503, refused.text
     assert [line for line in lines if line][-1] == b"data: [DONE]"
     # Deleted once HAProxy has also closed its idle connections to it (pool-purge-delay 1s).
     wait_until(lambda: gateway.sync.run_once() and gateway.servers() == {}, 10, "the server deleted", interval=0.5)

@@ -5,15 +5,18 @@ after HAProxy is killed and started again."""
 from __future__ import annotations
 
 import signal
+import socket
 
 import pytest
 import requests
 
+import livestate
 from devstack import gateway
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from devstack.stack import Stack
 from inventory.placement import FIRST_ENGINE_PORT
+from livestate import keys
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +45,7 @@ def test_the_demo_answers_through_the_gateway_with_the_demo_key(tmp_path, redis_
         stack.start_web()
         stack.start(stack.celery_part())
         base = f"http://127.0.0.1:{stack.web_port}"
-        stack.manage("setup_demo", "--var-dir", str(tmp_path), "--control-plane", base, "--no-gemma", capture=True)
+        stack.manage("setup_demo", "--var-dir", str(tmp_path), "--control-plane", base, "--no-real-model", capture=True)
         stack.start(stack.agent_part())
         for part in gateway.parts(stack, port=port):
             stack.start(part)
@@ -60,6 +63,9 @@ def test_the_demo_answers_through_the_gateway_with_the_demo_key(tmp_path, redis_
         models = requests.get(f"{url}/models", headers=auth, timeout=5).json()
         assert [m["id"] for m in models["data"]] == ["demo"]
         assert requests.post(f"{url}/chat/completions", json=question, timeout=5).status_code == 401
+        # The sync reports its requests in flight each pass, under its host name and address (drains wait on them).
+        reported = f"{socket.gethostname()} 127.0.0.1:{port}"
+        wait_until(lambda: livestate.client().hexists(keys.GATEWAY_IN_FLIGHT, reported), 5, "the in-flight report")
 
         # HAProxy killed and started again: it comes back from its files, and the sync keeps it right.
         stack.stop("gateway", sig=signal.SIGKILL)

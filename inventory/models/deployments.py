@@ -94,6 +94,12 @@ class Deployment(models.Model):
         validators=[SERVED_MODEL_VALIDATOR],
         help_text="What clients send as `model` through the gateway; empty takes the deployment's name.",
     )
+    prefix_affinity = models.BooleanField(
+        "prefix affinity",
+        default=False,
+        help_text="Send requests that start alike to the same replica, within a bound on its load, "
+        "so an engine that caches prompts reuses them (docs/gateway.md).",
+    )
     model_source = models.CharField(
         max_length=1024,
         help_text="A path on the nodes (starting with /), or an id the engine resolves itself.",

@@ -18,6 +18,7 @@ class DeploymentInput(serializers.ModelSerializer):
         fields = (
             "name",
             "served_model_name",
+            "prefix_affinity",
             "model_source",
             "engine",
             "arguments",
@@ -60,6 +61,9 @@ class NotPlacedSerializer(serializers.Serializer):
 class DeploymentSerializer(serializers.Serializer):
     name = serializers.CharField()
     served_model_name = serializers.CharField(help_text="What clients send as `model` through the gateway.")
+    prefix_affinity = serializers.BooleanField(
+        help_text="Requests that start alike go to the same replica, within a bound on its load."
+    )
     model_source = serializers.CharField()
     engine = serializers.ChoiceField(choices=Engine.choices)
     arguments = serializers.CharField(help_text="Secret arguments are shown only to a caller who may change them.")

@@ -6,14 +6,16 @@ config and sockets in the same directory). docs/gateway.md has the whole picture
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
-from gateway import haproxy_config, wanted
+from gateway import haproxy_config, wanted, weights
 from gateway.haproxy_config import MAX_BODY, Frontend, Paths
 from gateway.sync import Sync, loop
+from livestate import inflight
 
 
 def read_desired():
@@ -34,6 +36,9 @@ class Command(BaseCommand):
             default=MAX_BODY,
             help=f"the largest request body routed, in bytes ({MAX_BODY}); larger ones get 413",
         )
+        parser.add_argument(
+            "--name", default="", help="this gateway's name in its in-flight reports (default: host name and --bind)"
+        )
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
         parser.add_argument("--render-only", action="store_true", help="write the files once and exit")
 
@@ -49,4 +54,13 @@ class Command(BaseCommand):
                 desired = haproxy_config.Desired()
             haproxy_config.write_all(paths, frontend, desired)
             return
-        loop(Sync(paths, frontend, read_desired), interval=options["interval"])
+        # Two gateways on one machine listen on two addresses.
+        name = options["name"] or f"{socket.gethostname()} {options['bind']}"
+        sync = Sync(
+            paths,
+            frontend,
+            read_desired,
+            report_in_flight=lambda counts: inflight.report(name, counts),
+            read_queues=weights.queues,
+        )
+        loop(sync, interval=options["interval"])
