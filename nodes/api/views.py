@@ -115,6 +115,7 @@ def refusal(refused: inventory_heartbeat.Refused, address: str, received_at: flo
             return locked(received_at)
         case inventory_heartbeat.WrongToken(counted=True):
             return Rejected(401, "Authorization", UNKNOWN_TOKEN, "unauthorized")
+    # A wrong secret found in the database: counted against its address here.
     return refused_credential(address, UNKNOWN_TOKEN, received_at)
 
 
