@@ -141,6 +141,20 @@ async def _read_response(reader: asyncio.StreamReader, outcome: Outcome) -> bool
     return keep
 
 
+async def get(port: int, path: str) -> bytes:
+    """A GET's body (a replica's /metrics, /props) on a connection of its own."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        answer = await reader.read()
+    finally:
+        writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    if not head.startswith(b"HTTP/1.1 200"):
+        raise OSError(f"GET {path}: {head.splitlines()[0] if head else b'no answer'!r}")
+    return body
+
+
 def _read_usage(body: bytes, outcome: Outcome) -> None:
     at = body.rfind(b'"usage"')
     if at < 0:

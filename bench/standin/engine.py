@@ -324,19 +324,16 @@ class Server:
             self._send(writer, 400, error_body(str(exc), "invalid_request_error", exc.param), keep)
             await writer.drain()
             return keep
-        answer = self._stream(writer, path, tokens, max_tokens) if stream else self._whole(writer, path, tokens, max_tokens)
-        work = asyncio.ensure_future(answer)
-        # A client that goes away mid-request frees its slot (or its place in the queue), as
-        # a real engine's does: the next bytes from it can only be its end, as nothing pipelines.
-        gone = asyncio.ensure_future(reader.read(1))
+        answer = self._stream if stream else self._whole
+        work = asyncio.ensure_future(answer(writer, path, tokens, max_tokens))
+        # A client that goes away mid-request frees its slot (or its place in the queue), as a
+        # real engine's does. Watched without reading: the next request may already be arriving.
+        gone = asyncio.ensure_future(reader.gone.wait())
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+        gone.cancel()
         if not work.done():
             work.cancel()
             return False
-        gone.cancel()
-        # Awaited, so the reader has no waiter left when the next request is read.
-        with contextlib.suppress(asyncio.CancelledError):
-            await gone
         work.result()
         return keep
 
@@ -398,12 +395,31 @@ async def read_chunked(reader: asyncio.StreamReader) -> bytes:
         parts.append((await reader.readexactly(size + 2))[:-2])
 
 
+class _Protocol(asyncio.StreamReaderProtocol):
+    """asyncio's stream protocol, also telling its reader (`reader.gone`) that the client closed or vanished."""
+
+    def __init__(self, handler):
+        reader = asyncio.StreamReader(limit=MAX_BODY)
+        reader.gone = asyncio.Event()
+        self._reader_gone = reader.gone
+        super().__init__(reader, handler)
+
+    def eof_received(self):
+        self._reader_gone.set()
+        return super().eof_received()
+
+    def connection_lost(self, exc):
+        self._reader_gone.set()
+        super().connection_lost(exc)
+
+
 async def serve(replicas: list[tuple[str, int, Replica]]) -> list[asyncio.Server]:
     """Starts one listening server per (host, port, replica)."""
+    loop = asyncio.get_running_loop()
     servers = []
     for host, port, replica in replicas:
-        server = Server(replica)
-        servers.append(await asyncio.start_server(server.serve, host, port, backlog=4096, limit=MAX_BODY))
+        handler = Server(replica).serve
+        servers.append(await loop.create_server(lambda h=handler: _Protocol(h), host, port, backlog=4096))
     return servers
 
 

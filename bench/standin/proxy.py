@@ -15,6 +15,7 @@ Two kinds of config are rendered here:
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -33,6 +34,10 @@ ROUTING_POLICIES = ("roundrobin", "leastconn", "leastconn-queue", "affinity")
 AFFINITY_KEY = "req.body,bytes(0,320)"
 # Bounded load: no replica takes more than 1.25 times the average of outstanding requests.
 BALANCE_FACTOR = 125
+
+
+# A whole request body must fit to be routed on its model: 256 KiB routed a 200 KB body (issue 23).
+GATEWAY_BUFSIZE = 262144
 
 
 @dataclass(frozen=True)
@@ -61,8 +66,11 @@ def routing_config(policy: str, servers: list[Server], port: int, stats_socket: 
     }[policy]
     # leastconn-queue: each replica gets no more requests than it has slots; the rest wait in
     # HAProxy's one queue and go to whichever replica frees a slot first.
-    limit = " maxconn {slots}" if policy == "leastconn-queue" else ""
-    lines = "\n".join(f"    server {s.name} 127.0.0.1:{s.port} weight 100{limit.format(slots=s.slots)}" for s in servers)
+    queue_at_proxy = policy == "leastconn-queue"
+    lines = "\n".join(
+        f"    server {s.name} 127.0.0.1:{s.port} weight 100" + (f" maxconn {s.slots}" if queue_at_proxy else "")
+        for s in servers
+    )
     return (
         _global(stats_socket, 1, 8192, 65536)
         + f"""
@@ -102,6 +110,7 @@ def gateway_config(
     replica_secret: str | None = None,
     nbthread: int = 1,
     maxconn: int = 8192,
+    bufsize: int | None = None,
 ) -> str:
     """The gateway: a key checked by its digest, the backend chosen by the body's model, leastconn, retries.
 
@@ -119,10 +128,12 @@ def gateway_config(
 {secret}{lines}
 """
         )
-    not_found = '{"error":{"message":"the model does not exist","type":"invalid_request_error","param":"model","code":"model_not_found"}}'
-    bad_key = '{"error":{"message":"invalid api key","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}'
+    not_found = openai_error("the model does not exist", "model", "model_not_found")
+    bad_key = openai_error("invalid api key", None, "invalid_api_key")
+    key_known = f"{{ var(txn.key),map({maps}/keys.map) -m found }}"
+    routed = "{ var(txn.backend) -m found }"
     return (
-        _global(stats_socket, nbthread, maxconn, 262144)
+        _global(stats_socket, nbthread, maxconn, bufsize or GATEWAY_BUFSIZE)
         + f"""
 defaults
     mode http
@@ -140,14 +151,19 @@ frontend gateway
     bind 127.0.0.1:{port}
     option http-buffer-request
     http-request set-var(txn.key) req.fhdr(authorization),regsub("^Bearer ",""),sha2(256),hex,lower
-    http-request return status 401 content-type application/json string '{bad_key}' unless {{ var(txn.key),map({maps}/keys.map) -m found }}
+    http-request return status 401 content-type application/json string '{bad_key}' unless {key_known}
     http-request set-var(txn.backend) req.body,json_query('$.model'),map({maps}/models.map)
-    http-request return status 404 content-type application/json string '{not_found}' unless {{ var(txn.backend) -m found }}
+    http-request return status 404 content-type application/json string '{not_found}' unless {routed}
     use_backend %[var(txn.backend)]
 
 """
         + "\n".join(backends)
     )
+
+
+def openai_error(message: str, param: str | None, code: str) -> str:
+    error = {"message": message, "type": "invalid_request_error", "param": param, "code": code}
+    return json.dumps({"error": error}, separators=(",", ":"))
 
 
 def write_maps(maps: Path, api_keys: dict[str, str], models: list[str]) -> None:
