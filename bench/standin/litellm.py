@@ -38,9 +38,9 @@ def install() -> None:
 
 
 class LiteLLM:
-    """`litellm --config` serving one model, forwarded to an OpenAI-compatible `api_base`."""
+    """`litellm --config` serving each model of `upstreams` (a name → an OpenAI-compatible base URL)."""
 
-    def __init__(self, model: str, api_base: str, upstream_key: str, master_key: str):
+    def __init__(self, upstreams: dict[str, str], upstream_key: str, master_key: str):
         self.port = free_port()
         self.master_key = master_key
         self.workdir = Path(tempfile.mkdtemp(prefix="bench-litellm-"))
@@ -50,6 +50,7 @@ class LiteLLM:
                     "model_name": model,
                     "litellm_params": {"model": f"openai/{model}", "api_base": api_base, "api_key": upstream_key},
                 }
+                for model, api_base in upstreams.items()
             ],
             "general_settings": {"master_key": master_key},
         }
