@@ -244,7 +244,11 @@ async def run(args) -> int:
         write_results("routing", results)
     for line in missed:
         print(f"missed: {line}")
-    return 0
+    # A request that failed means the setup is broken, not that a policy is slow: no figure stands.
+    failed = sum(r["errors"] for r in table)
+    if failed:
+        print(f"failed: {failed} requests answered with an error")
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -174,24 +174,31 @@ def test_a_bad_body_is_a_400_naming_the_field():
     assert bad_tokens[0] == 400 and json.loads(bad_tokens[1])["error"]["param"] == "max_tokens"
 
 
-def test_a_client_gone_frees_its_slot_for_the_next():
+def test_a_client_gone_from_the_queue_leaves_it_at_once():
     async def go():
         port, replica, server = await engine(Pace(slots=1, decode_tps=2, prefill_tps=0))
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(chat(1000, stream=True))
-        await reader.readuntil(b"data: ")
-        writer.close()
+        holder = await asyncio.open_connection("127.0.0.1", port)
+        holder[1].write(chat(1000, stream=True))
+        await holder[0].readuntil(b"data: ")
+        _, waiter = await asyncio.open_connection("127.0.0.1", port)
+        waiter.write(chat(5, stream=True))
         deadline = time.monotonic() + 5
-        while replica.processing and time.monotonic() < deadline:
+        while replica.deferred == 0 and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        freed = replica.processing == 0
-        after = await asyncio.wait_for(client.send(client.Pool(port), chat(1, stream=True)), 5)
+        queued = replica.deferred
+        waiter.close()
+        while replica.deferred and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        left, still_running = replica.deferred, replica.processing
+        holder[1].close()
         server.close()
-        return freed, after
+        return queued, left, still_running
 
-    freed, after = asyncio.run(go())
-    assert freed
-    assert after.ok
+    queued, left, still_running = asyncio.run(go())
+    assert queued == 1
+    # Gone from the queue while the first request still holds the only slot, not when it is done.
+    assert left == 0
+    assert still_running == 1
 
 
 @pytest.mark.slow
