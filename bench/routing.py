@@ -195,7 +195,8 @@ async def run(args) -> int:
             rounds[policy].append(result)
             print(
                 f"  run {run_number + 1} {policy}: {result['requests']} requests, p50 {result['ttft_p50']:.0f} ms, "
-                f"p99 {result['ttft_p99']:.0f} ms, {result['errors']} errors {'; '.join(result['failures'])}",
+                f"p99 {result['ttft_p99']:.0f} ms, {result['errors']} errors {'; '.join(result['failures'])}"
+                f"(sent up to {result['late_ms_p99']:.1f} ms late at p99)",
                 flush=True,
             )
     table = [median_row(r) for r in rounds.values()]
