@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -179,7 +180,8 @@ def write_maps(maps: Path, api_keys: dict[str, str], models: list[str]) -> None:
 class HAProxy:
     """`haproxy -db` on a rendered config, in a temporary folder; stopped on leaving the `with`."""
 
-    def __init__(self, render, workdir: Path | None = None):
+    def __init__(self, render, workdir: Path | None = None, env: dict[str, str] | None = None):
+        self.env = {**os.environ, **env} if env else None
         self.workdir = workdir or Path(tempfile.mkdtemp(prefix="bench-haproxy-"))
         self.port = free_port()
         self.stats_socket = self.workdir / "haproxy.sock"
@@ -189,7 +191,10 @@ class HAProxy:
 
     def __enter__(self) -> HAProxy:
         self.process = subprocess.Popen(
-            [haproxy_binary(), "-db", "-f", str(self.config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+            [haproxy_binary(), "-db", "-f", str(self.config)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            env=self.env,
         )
         try:
             wait_until(lambda: self.process.poll() is not None or port_open(self.port), 10, "HAProxy to listen")
