@@ -1,8 +1,8 @@
 """What the gateway costs a request: added latency and time to first token, a core's rate, memory at 1,000 streams.
 
-    python -m bench.gateway [--rounds 5] [--requests 2000] [--no-litellm] [--quick]
+    python -m bench.gateway [--rounds 5] [--requests 1500] [--no-litellm] [--quick]
 
-One client (bench/standin/client.py) calls stand-in engines three ways, the ways in
+One client (bench/standin/client.py) calls stand-in engines by each route below, in
 turns within each round so that a busy moment of the shared machine hits all alike:
 
 - direct: the engine itself, with its replica secret;
@@ -10,6 +10,8 @@ turns within each round so that a busy moment of the shared machine hits all ali
   a SHA-256 digest in a map of 1,000 keys; the backend chosen from the body's `model`
   through a map of three models; leastconn; `retry-on conn-failure empty-response 503`
   with `option redispatch`; `option http-no-delay`; the replica secret put on the way out);
+- gateway-malloc and gateway-16k: the same with glibc's mmap threshold raised for HAProxy,
+  and with HAProxy's default 16 KiB buffer instead of 256 KiB (see MALLOC below);
 - litellm: LiteLLM's proxy (`litellm[proxy]==1.108.7`, its own venv in var/, installed
   on the first run) with its master key, serving the same three models.
 
@@ -19,9 +21,9 @@ spends 50 ms on the prompt and then sends 20 tokens a second. Measured:
 
 1. added latency at 1 stream (`instant`): a streamed chat completion of 8 tokens,
    request to `[DONE]` and to the first token, and the same answer not streamed; each
-   path's p50 and p99 less the direct path's (targets: the gateway's p50 ≤ 200 µs, and
+   route's p50 and p99 less the direct path's (targets: the gateway's p50 ≤ 200 µs, and
    LiteLLM's at least 50 times the gateway's);
-2. added latency at 64 concurrent streams (`streaming`), the machine not saturated;
+2. added latency at 64 concurrent streams (`streaming`: 8 tokens, one every 20 ms);
 3. time to first token, streaming, from `paced`, where a proxy holding small writes back shows;
 4. requests one gateway core carries a second: requests over HAProxy's CPU seconds
    (schedstat, all threads) with 64 streams at once against `instant`, streamed and not;
@@ -348,8 +350,8 @@ def report(results: dict, args) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="turns of the routes (default 5)")
-    parser.add_argument("--requests", type=int, default=2000, help="per route at 1 stream, twice at 64 (default 2000)")
-    parser.add_argument("--litellm-requests", type=int, default=500, help="LiteLLM's, per concurrency (default 500)")
+    parser.add_argument("--requests", type=int, default=1500, help="per route at 1 stream, twice at 64 (default 1500)")
+    parser.add_argument("--litellm-requests", type=int, default=300, help="LiteLLM's, per phase (default 300)")
     parser.add_argument("--ttft-requests", type=int, default=40, help="paced streams per path (default 40)")
     parser.add_argument("--streams", type=int, default=1000, help="held open for the memory figure (default 1000)")
     parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (no install, no comparison)")
