@@ -1,0 +1,386 @@
+"""What the gateway costs a request: added latency and time to first token, a core's rate, memory at 1,000 streams.
+
+    python -m bench.gateway [--rounds 5] [--requests 1500] [--no-litellm] [--quick]
+
+One client (bench/standin/client.py) calls stand-in engines by each route below, in
+turns within each round so that a busy moment of the shared machine hits all alike:
+
+- direct: the engine itself, with its replica secret;
+- gateway: HAProxy configured as the gateway (`nbthread 1`; a tenant's key checked as
+  a SHA-256 digest in a map of 1,000 keys; the backend chosen from the body's `model`
+  through a map of three models; leastconn; `retry-on conn-failure empty-response 503`
+  with `option redispatch`; `option http-no-delay`; the replica secret put on the way out);
+- gateway-malloc and gateway-16k: the same with glibc's mmap threshold raised for HAProxy,
+  and with HAProxy's default 16 KiB buffer instead of 256 KiB (see MALLOC below);
+- litellm: LiteLLM's proxy (`litellm[proxy]==1.108.7`, its own venv in var/, installed
+  on the first run) with its master key, serving the same three models.
+
+The three models are three stand-in engines: `instant` answers at once (so what is
+measured is what sits in front of it), `streaming` sends a token every 20 ms, `paced`
+spends 50 ms on the prompt and then sends 20 tokens a second. Measured:
+
+1. added latency at 1 stream (`instant`): a streamed chat completion of 8 tokens,
+   request to `[DONE]` and to the first token, and the same answer not streamed; each
+   route's p50 and p99 less the direct path's (targets: the gateway's p50 ≤ 200 µs, and
+   LiteLLM's at least 50 times the gateway's);
+2. added latency at 64 concurrent streams (`streaming`: 8 tokens, one every 20 ms);
+3. time to first token, streaming, from `paced`, where a proxy holding small writes back shows;
+4. requests one gateway core carries a second: requests over HAProxy's CPU seconds
+   (schedstat, all threads) with 64 streams at once against `instant`, streamed and not;
+5. HAProxy's resident memory with 1,000 streams open through it (a token a second
+   each), at the gateway's buffer size (256 KiB) and at HAProxy's default (16 KiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.agent_cost import cpu_ns, write_results
+from bench.standin import client, litellm
+from bench.standin.engine import Pace
+from bench.standin.fleet import Fleet
+from bench.standin.proxy import GATEWAY_BUFSIZE, HAProxy, gateway_config, write_maps
+
+TENANT_KEY = "llmgw-bench-tenant-key"
+REPLICA_SECRET = "replica-secret-bench"
+MASTER_KEY = "sk-bench-master-key"
+OTHER_TENANTS = 999
+PACES = {
+    "instant": Pace(slots=4096, decode_tps=0, prefill_tps=0, cache_tokens=0),
+    # 64 streams at once, a token every 20 ms each: the machine is not saturated, so what the
+    # gateway adds to each stream is seen, not the CPU it takes from the client and the engine.
+    "streaming": Pace(slots=4096, decode_tps=50, prefill_tps=0, cache_tokens=0),
+    # 200 prompt tokens at 4,000 a second: the first token after 50 ms.
+    "paced": Pace(slots=4096, decode_tps=20, prefill_tps=4000, cache_tokens=0),
+}
+# Streams held open for the memory figure: a token a second each, so a thousand cost the engine little.
+TRICKLE = Pace(slots=4096, decode_tps=1, prefill_tps=4000, cache_tokens=0)
+DEFAULT_BUFSIZE = 16384
+# The gateway as configured, and two variants. A 256 KiB buffer is above glibc malloc's mmap
+# threshold (128 KiB), so HAProxy 2.6 maps and unmaps a buffer for each request, page faults
+# and all; raising the threshold for HAProxy's process keeps them in its heap. The other variant
+# is HAProxy's default buffer, which also holds less memory for each open stream.
+MALLOC = "gateway-malloc"
+SMALL = "gateway-16k"
+GATEWAYS = ("gateway", MALLOC, SMALL)
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4194304", "MALLOC_TRIM_THRESHOLD_": "67108864"}
+QUESTION = [{"role": "user", "content": " ".join(["Name three colours."] * 50)}]
+TOKENS = 8
+
+
+class Route:
+    """One way to the engines: where each model is reached, and the bearer token it takes."""
+
+    def __init__(self, name: str, ports: dict[str, int], key: str, pid: int | None = None):
+        self.name, self.key, self.pid = name, key, pid
+        self.pools = {model: client.Pool(port) for model, port in ports.items()}
+
+    def request(self, model: str, max_tokens: int = TOKENS, stream: bool = True) -> bytes:
+        body = client.chat_body(model, QUESTION, max_tokens, stream)
+        return client.request_bytes("/v1/chat/completions", body, self.key)
+
+
+def summary(outcomes: list[client.Outcome], cpu: int = 0) -> dict:
+    good = [o for o in outcomes if o.ok]
+    total = [o.total * 1e6 for o in good]
+    ttft = [o.ttft * 1e6 for o in good]
+    return {
+        "count": len(outcomes),
+        "errors": len(outcomes) - len(good),
+        "p50": client.quantile(total, 0.5),
+        "p99": client.quantile(total, 0.99),
+        "ttft_p50": client.quantile(ttft, 0.5),
+        "ttft_p99": client.quantile(ttft, 0.99),
+        "cpu_ns": cpu,
+    }
+
+
+async def in_turns(routes: list[Route], model: str, stream: bool, concurrency: int, counts: dict, rounds: int) -> dict:
+    """Each route's outcomes over `rounds` turns, and its CPU (where it has a pid) over its own turns."""
+    outcomes: dict[str, list[client.Outcome]] = {r.name: [] for r in routes}
+    cpu = dict.fromkeys(outcomes, 0)
+    for route in routes:  # warm: connections open, caches filled
+        await client.closed_loop(
+            route.pools[model], lambda _, r=route: r.request(model, stream=stream), concurrency, concurrency * 2
+        )
+    for _ in range(rounds):
+        for route in routes:
+            before = cpu_tree(route.pid)
+            outcomes[route.name] += await client.closed_loop(
+                route.pools[model],
+                lambda _, r=route: r.request(model, stream=stream),
+                concurrency,
+                max(1, counts[route.name] // rounds),
+            )
+            cpu[route.name] += cpu_tree(route.pid) - before
+    return {name: summary(found, cpu[name]) for name, found in outcomes.items()}
+
+
+def cpu_tree(pid: int | None) -> int:
+    """CPU ns of a process and its children (LiteLLM's uvicorn worker is a child of its launcher)."""
+    if pid is None:
+        return 0
+    total = 0
+    try:
+        processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    for process in processes:
+        try:
+            total += cpu_ns(process.pid)
+        except OSError:
+            continue
+    return total
+
+
+def rss_tree(pid: int) -> int:
+    try:
+        processes = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        return sum(p.memory_info().rss for p in processes)
+    except psutil.NoSuchProcess:
+        return 0
+
+
+async def first_tokens(routes: list[Route], count: int) -> dict:
+    """Time to first token from `paced`, one stream at a time, the routes in turns."""
+    found: dict[str, list[client.Outcome]] = {r.name: [] for r in routes}
+    for route in routes:
+        await client.send(route.pools["paced"], route.request("paced", 2))
+    for _ in range(count):
+        for route in routes:
+            found[route.name].append(await client.send(route.pools["paced"], route.request("paced", 2)))
+    return {name: summary(outcomes) for name, outcomes in found.items()}
+
+
+async def open_streams(port: int, streams: int, pid: int) -> tuple[int, int, int]:
+    """HAProxy's RSS idle and with `streams` streams open through it, each on its own connection; how many opened."""
+    idle = psutil.Process(pid).memory_info().rss
+    request = client.request_bytes("/v1/chat/completions", client.chat_body("trickle", QUESTION, 120), TENANT_KEY)
+    connections = []
+    first_token = 0
+
+    async def one() -> None:
+        nonlocal first_token
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        connections.append(writer)
+        writer.write(request)
+        await reader.readuntil(b"data: ")
+        first_token += 1
+        while await reader.read(1 << 16):
+            pass
+
+    tasks = [asyncio.create_task(one()) for _ in range(streams)]
+    deadline = time.monotonic() + 60
+    while first_token < streams and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    held = psutil.Process(pid).memory_info().rss
+    opened = first_token
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    for writer in connections:
+        writer.close()
+    return idle, held, opened
+
+
+def gateway(fleets: dict[str, Fleet], bufsize: int | None = None, env: dict[str, str] | None = None) -> HAProxy:
+    def render(port: int, sock: Path) -> str:
+        maps = sock.parent / "maps"
+        keys = {"bench": TENANT_KEY, **{f"tenant-{i}": f"key-{i}" for i in range(OTHER_TENANTS)}}
+        write_maps(maps, keys, list(fleets))
+        models = {model: fleet.servers() for model, fleet in fleets.items()}
+        return gateway_config(port, models, sock, maps, REPLICA_SECRET, bufsize=bufsize)
+
+    return HAProxy(render, env=env)
+
+
+async def measure(args) -> dict:
+    results: dict = {}
+    use_litellm = not args.no_litellm
+    if use_litellm and not litellm.installed():
+        litellm.install()
+    with contextlib.ExitStack() as stack:
+        fleets = {
+            model: stack.enter_context(Fleet([1.0], pace, model=model, api_key=REPLICA_SECRET))
+            for model, pace in PACES.items()
+        }
+        ports = {model: fleet.ports[0] for model, fleet in fleets.items()}
+        proxy = stack.enter_context(gateway(fleets))
+        tuned = stack.enter_context(gateway(fleets, env=MALLOC_ENV))
+        small = stack.enter_context(gateway(fleets, bufsize=DEFAULT_BUFSIZE))
+        routes = [
+            Route("direct", ports, REPLICA_SECRET),
+            Route("gateway", dict.fromkeys(ports, proxy.port), TENANT_KEY, proxy.pid),
+            Route(MALLOC, dict.fromkeys(ports, tuned.port), TENANT_KEY, tuned.pid),
+            Route(SMALL, dict.fromkeys(ports, small.port), TENANT_KEY, small.pid),
+        ]
+        if use_litellm:
+            upstreams = {model: f"http://127.0.0.1:{port}/v1" for model, port in ports.items()}
+            print("  starting LiteLLM's proxy…", flush=True)
+            peer = stack.enter_context(litellm.LiteLLM(upstreams, REPLICA_SECRET, MASTER_KEY))
+            routes.append(Route("litellm", dict.fromkeys(ports, peer.port), MASTER_KEY, peer.pid))
+        one, many = args.counts_1, args.counts_64
+        print("  1 stream at a time…", flush=True)
+        results["1 stream"] = await in_turns(routes, "instant", True, 1, one, args.rounds)
+        results["1 whole"] = await in_turns(routes, "instant", False, 1, one, args.rounds)
+        print("  64 streams at a time…", flush=True)
+        results["64 streams"] = await in_turns(routes, "streaming", True, 64, many, args.rounds)
+        print("  time to first token…", flush=True)
+        results["ttft"] = await first_tokens(routes, args.ttft_requests)
+        if use_litellm:
+            results["litellm_rss"] = rss_tree(peer.pid)
+        print("  a gateway core's rate…", flush=True)
+        for stream in (True, False):
+            found = await in_turns(routes[1:4], "instant", stream, 64, many, 1)
+            for name, figures in found.items():
+                results[f"core {'stream' if stream else 'whole'} {name}"] = figures
+    for bufsize in (GATEWAY_BUFSIZE, DEFAULT_BUFSIZE):
+        print(f"  {args.streams} streams open, tune.bufsize {bufsize}…", flush=True)
+        with contextlib.ExitStack() as stack:
+            fleet = stack.enter_context(Fleet([1.0], TRICKLE, model="trickle", api_key=REPLICA_SECRET))
+            proxy = stack.enter_context(gateway({"trickle": fleet}, bufsize=bufsize))
+            results[f"rss_{bufsize}"] = await open_streams(proxy.port, args.streams, proxy.pid)
+    return results
+
+
+PHASES = ("1 stream", "1 whole", "64 streams")
+
+
+def report(results: dict, args) -> list[dict]:
+    rows: list[dict] = []
+    missed: list[str] = []
+
+    def add(name: str, value: float, unit: str, target: float | None = None, better: str = "lower") -> None:
+        rows.append({"name": name, "value": round(value, 1), "unit": unit, "target": target, "better": better})
+
+    print()
+    print(
+        "| phase | path | requests | errors | p50 | p99 | added p50 | added p99 | TTFT p50 | added TTFT p50 "
+        "| CPU a request |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for phase in PHASES:
+        by_route = results[phase]
+        direct = by_route["direct"]
+        slug = phase.replace(" ", "_")
+        for name, r in by_route.items():
+            added50, added99 = r["p50"] - direct["p50"], r["p99"] - direct["p99"]
+            added_ttft = r["ttft_p50"] - direct["ttft_p50"]
+            cpu = r["cpu_ns"] / 1000 / r["count"] if r["cpu_ns"] and r["count"] else math.nan
+            print(
+                f"| {phase} | {name} | {r['count']} | {r['errors']} | {r['p50']:.0f} µs | {r['p99']:.0f} µs "
+                f"| {added50:+.0f} µs | {added99:+.0f} µs | {r['ttft_p50']:.0f} µs | {added_ttft:+.0f} µs "
+                f"| {cpu:.0f} µs |"
+            )
+            add(f"{name}_{slug}_p50", r["p50"], "µs")
+            add(f"{name}_{slug}_p99", r["p99"], "µs")
+            add(f"{name}_{slug}_errors", r["errors"], "requests", 0)
+            if r["errors"]:
+                missed.append(f"{r['errors']} errors through {name} ({phase})")
+            if name == "direct":
+                continue
+            target = 200 if name in GATEWAYS else None
+            add(f"{name}_{slug}_added_p50", added50, "µs", target)
+            add(f"{name}_{slug}_added_p99", added99, "µs")
+            add(f"{name}_{slug}_added_ttft_p50", added_ttft, "µs")
+            if not math.isnan(cpu):
+                add(f"{name}_{slug}_cpu_per_request", cpu, "µs")
+            if name in GATEWAYS and added50 > 200:
+                missed.append(f"{name}'s added p50 ({phase}) is {added50:.0f} µs (target ≤ 200)")
+        if "litellm" in by_route:
+            gw = by_route["gateway"]["p50"] - direct["p50"]
+            ll = by_route["litellm"]["p50"] - direct["p50"]
+            if gw > 0:
+                ratio = ll / gw
+                add(f"litellm_to_gateway_added_p50_{slug}", ratio, "ratio", 50, "higher")
+                print(f"| {phase} | LiteLLM's added p50 ÷ the gateway's | {ratio:.0f} (target ≥ 50) |")
+                if ratio < 50:
+                    missed.append(f"LiteLLM's added p50 ({phase}) is {ratio:.0f}× the gateway's (target ≥ 50)")
+            else:
+                # No ratio to a difference lost in the noise: the gateway added nothing measurable at p50.
+                print(f"| {phase} | LiteLLM's added p50 ÷ the gateway's | none: the gateway's is ≤ 0 |")
+    print("\n| time to first token, `paced` | requests | p50 | p99 | added p50 |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    ttft = results["ttft"]
+    for name, r in ttft.items():
+        added = r["ttft_p50"] - ttft["direct"]["ttft_p50"]
+        print(
+            f"| {name} | {r['count']} | {r['ttft_p50'] / 1000:.2f} ms | {r['ttft_p99'] / 1000:.2f} ms "
+            f"| {added / 1000:+.2f} ms |"
+        )
+        add(f"{name}_paced_ttft_p50", r["ttft_p50"] / 1000, "ms")
+        add(f"{name}_paced_ttft_p99", r["ttft_p99"] / 1000, "ms")
+        if name != "direct":
+            add(f"{name}_paced_added_ttft_p50", added / 1000, "ms")
+    print()
+    for name in GATEWAYS:
+        for kind in ("stream", "whole"):
+            r = results[f"core {kind} {name}"]
+            per_core = r["count"] / (r["cpu_ns"] / 1e9) if r["cpu_ns"] else math.nan
+            what = f"streamed answers of {TOKENS} tokens" if kind == "stream" else "answers not streamed"
+            print(f"{name}: {per_core:,.0f} {what} per core-second (HAProxy nbthread 1, 64 at once)")
+            add(f"{name}_requests_per_core_second_{kind}", per_core, "requests/s", better="higher")
+    for bufsize in (GATEWAY_BUFSIZE, DEFAULT_BUFSIZE):
+        idle, held, opened = results[f"rss_{bufsize}"]
+        print(
+            f"gateway, tune.bufsize {bufsize}: RSS {idle / 2**20:.1f} MiB idle, {held / 2**20:.1f} MiB with "
+            f"{opened} streams open ({(held - idle) / max(opened, 1) / 1024:.1f} KiB a stream)"
+        )
+        add(f"gateway_rss_idle_bufsize_{bufsize}", idle / 2**20, "MiB")
+        add(f"gateway_rss_{args.streams}_streams_bufsize_{bufsize}", held / 2**20, "MiB")
+        add(f"gateway_streams_opened_bufsize_{bufsize}", opened, "streams", args.streams, "higher")
+        if opened < args.streams:
+            missed.append(f"only {opened} of {args.streams} streams opened (bufsize {bufsize})")
+    if "litellm_rss" in results:
+        print(f"LiteLLM's proxy: RSS {results['litellm_rss'] / 2**20:.0f} MiB after its runs")
+        add("litellm_rss", results["litellm_rss"] / 2**20, "MiB")
+    for line in missed:
+        print(f"missed: {line}")
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="turns of the routes (default 5)")
+    parser.add_argument("--requests", type=int, default=1500, help="per route at 1 stream, twice at 64 (default 1500)")
+    parser.add_argument("--litellm-requests", type=int, default=300, help="LiteLLM's, per phase (default 300)")
+    parser.add_argument("--ttft-requests", type=int, default=40, help="paced streams per path (default 40)")
+    parser.add_argument("--streams", type=int, default=1000, help="held open for the memory figure (default 1000)")
+    parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (no install, no comparison)")
+    parser.add_argument("--quick", action="store_true", help="a few requests, no LiteLLM, to see it run")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.rounds, args.requests, args.ttft_requests, args.streams, args.no_litellm = 2, 128, 3, 50, True
+    args.counts_1 = {**dict.fromkeys(("direct", *GATEWAYS), args.requests), "litellm": args.litellm_requests}
+    args.counts_64 = {**dict.fromkeys(("direct", *GATEWAYS), args.requests * 2), "litellm": args.litellm_requests}
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    print(
+        f"gateway: added latency over the engine, {args.rounds} rounds, "
+        f"{'LiteLLM left out' if args.no_litellm else 'beside LiteLLM ' + litellm.PACKAGE}",
+        flush=True,
+    )
+    results = asyncio.run(measure(args))
+    rows = report(results, args)
+    if args.quick:
+        print("\n(--quick: bench/results/ left as it was)")
+    else:
+        write_results("gateway", rows)
+    # A request that failed means the setup is broken: no figure stands.
+    return 1 if any(row["name"].endswith("_errors") and row["value"] for row in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""The stand-in engine under bench.routing and bench.gateway, the gateway config they measure, their quick runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.standin import client
+from bench.standin.engine import Pace, Replica, serve
+from bench.standin.fleet import Fleet
+from bench.standin.proxy import HAProxy, gateway_config, write_maps
+
+ROOT = Path(__file__).resolve().parent.parent
+INSTANT = Pace(slots=4, decode_tps=0, prefill_tps=0)
+QUESTION = [{"role": "user", "content": "Name three colours."}]
+
+
+async def engine(pace: Pace, api_key: str | None = None) -> tuple[int, Replica, asyncio.Server]:
+    replica = Replica("standin", pace, api_key)
+    (server,) = await serve([("127.0.0.1", 0, replica)])
+    return server.sockets[0].getsockname()[1], replica, server
+
+
+def chat(max_tokens: int, stream: bool, key: str | None = None, messages: list | None = None) -> bytes:
+    body = client.chat_body("standin", messages or QUESTION, max_tokens, stream)
+    return client.request_bytes("/v1/chat/completions", body, key)
+
+
+async def raw(port: int, request: bytes) -> tuple[int, bytes]:
+    """Status and body of one request on its own connection, the body de-chunked."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request)
+    head = await reader.readuntil(b"\r\n\r\n")
+    body = b""
+    if b"chunked" in head.lower():
+        while size := int((await reader.readuntil(b"\r\n")).strip(), 16):
+            body += (await reader.readexactly(size + 2))[:-2]
+    else:
+        length = int(next(ln for ln in head.split(b"\r\n") if ln.lower().startswith(b"content-length")).split(b":")[1])
+        body = await reader.readexactly(length)
+    writer.close()
+    return int(head.split(b" ")[1]), body
+
+
+def events(body: bytes) -> list[str]:
+    return [line[len("data: ") :] for line in body.decode().split("\n\n") if line.startswith("data: ")]
+
+
+def test_a_chat_completion_answers_whole_with_usage():
+    async def go():
+        port, _, server = await engine(INSTANT)
+        status, body = await raw(port, chat(5, stream=False))
+        server.close()
+        return status, json.loads(body)
+
+    status, answer = asyncio.run(go())
+    assert status == 200
+    assert answer["object"] == "chat.completion"
+    assert len(answer["choices"][0]["message"]["content"].split()) == 5
+    assert answer["usage"]["prompt_tokens"] == 3
+    assert answer["usage"]["completion_tokens"] == 5
+
+
+def test_a_streamed_chat_completion_sends_each_token_then_usage_then_done():
+    async def go():
+        port, _, server = await engine(Pace(slots=1, decode_tps=500, prefill_tps=0))
+        status, body = await raw(port, chat(4, stream=True))
+        server.close()
+        return status, events(body)
+
+    status, found = asyncio.run(go())
+    assert status == 200
+    assert found[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in found[:-1]]
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks).split() == [
+        "the",
+        "sea",
+        "is",
+        "blue",
+    ]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_a_plain_completion_streams_too():
+    async def go():
+        port, _, server = await engine(INSTANT)
+        body = json.dumps({"model": "standin", "prompt": "Once upon", "max_tokens": 2, "stream": True}).encode()
+        status, answer = await raw(port, client.request_bytes("/v1/completions", body))
+        server.close()
+        return status, events(answer)
+
+    status, found = asyncio.run(go())
+    assert status == 200
+    assert found[-1] == "[DONE]"
+    assert json.loads(found[0])["object"] == "text_completion"
+
+
+def test_with_one_slot_the_second_request_waits_for_the_first_to_finish():
+    async def go():
+        port, replica, server = await engine(Pace(slots=1, decode_tps=100, prefill_tps=0))
+        first = asyncio.create_task(client.send(client.Pool(port), chat(5, stream=True)))
+        while replica.processing == 0:
+            await asyncio.sleep(0.001)
+        second = asyncio.create_task(client.send(client.Pool(port), chat(5, stream=True)))
+        while replica.deferred == 0 and not second.done():
+            await asyncio.sleep(0.001)
+        deferred_seen = replica.deferred
+        metrics = (await client.get(port, "/metrics")).decode()
+        a, b = await first, await second
+        server.close()
+        return a, b, deferred_seen, metrics
+
+    a, b, deferred_seen, metrics = asyncio.run(go())
+    assert a.ok and b.ok
+    assert deferred_seen == 1
+    assert "llamacpp:requests_deferred 1" in metrics
+    assert "llamacpp:requests_processing 1" in metrics
+    assert b.first >= a.done
+
+
+def test_a_prompt_seen_before_is_answered_from_the_prefix_cache():
+    long_prompt = [{"role": "system", "content": " ".join(f"w{i}" for i in range(100))}]
+
+    async def go():
+        port, _, server = await engine(Pace(slots=1, decode_tps=0, prefill_tps=0))
+        pool = client.Pool(port)
+        first = await client.send(pool, chat(1, stream=True, messages=long_prompt))
+        again = await client.send(pool, chat(1, stream=True, messages=long_prompt))
+        server.close()
+        return first, again
+
+    first, again = asyncio.run(go())
+    assert first.cached_tokens == 0
+    # Whole 16-token blocks are cached: 96 of the 100.
+    assert again.cached_tokens == 96
+
+
+def test_given_a_key_the_engine_answers_only_requests_bearing_it():
+    async def go():
+        port, _, server = await engine(INSTANT, api_key="s3cret")
+        without = await raw(port, chat(1, stream=False))
+        wrong = await raw(port, chat(1, stream=False, key="nope"))
+        right = await raw(port, chat(1, stream=False, key="s3cret"))
+        health = await client.get(port, "/health")
+        server.close()
+        return without, wrong, right, health
+
+    without, wrong, right, health = asyncio.run(go())
+    assert without[0] == wrong[0] == 401
+    assert json.loads(without[1])["error"]["type"] == "authentication_error"
+    assert right[0] == 200
+    assert json.loads(health) == {"status": "ok"}
+
+
+def test_a_bad_body_is_a_400_naming_the_field():
+    async def go():
+        port, _, server = await engine(INSTANT)
+        not_json = await raw(port, client.request_bytes("/v1/chat/completions", b"{nope"))
+        body = json.dumps({"messages": QUESTION, "max_tokens": "many"}).encode()
+        bad_tokens = await raw(port, client.request_bytes("/v1/chat/completions", body))
+        server.close()
+        return not_json, bad_tokens
+
+    not_json, bad_tokens = asyncio.run(go())
+    assert not_json[0] == 400 and json.loads(not_json[1])["error"]["param"] == "body"
+    assert bad_tokens[0] == 400 and json.loads(bad_tokens[1])["error"]["param"] == "max_tokens"
+
+
+def test_a_client_gone_from_the_queue_leaves_it_at_once():
+    async def go():
+        port, replica, server = await engine(Pace(slots=1, decode_tps=2, prefill_tps=0))
+        holder = await asyncio.open_connection("127.0.0.1", port)
+        holder[1].write(chat(1000, stream=True))
+        await holder[0].readuntil(b"data: ")
+        _, waiter = await asyncio.open_connection("127.0.0.1", port)
+        waiter.write(chat(5, stream=True))
+        deadline = time.monotonic() + 5
+        while replica.deferred == 0 and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        queued = replica.deferred
+        waiter.close()
+        while replica.deferred and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        left, still_running = replica.deferred, replica.processing
+        holder[1].close()
+        server.close()
+        return queued, left, still_running
+
+    queued, left, still_running = asyncio.run(go())
+    assert queued == 1
+    # Gone from the queue while the first request still holds the only slot, not when it is done.
+    assert left == 0
+    assert still_running == 1
+
+
+@pytest.mark.slow
+def test_the_gateway_config_checks_keys_routes_by_model_and_adds_the_replica_secret(tmp_path):
+    def render(port: int, sock: Path) -> str:
+        write_maps(tmp_path / "maps", {"tenant": "good-key"}, ["standin"])
+        return gateway_config(port, {"standin": fleet.servers()}, sock, tmp_path / "maps", "replica-secret")
+
+    async def ask(port: int) -> dict:
+        other_model = client.chat_body("other", QUESTION, 1, False)
+        return {
+            "good": await raw(port, chat(2, stream=True, key="good-key")),
+            "no key": await raw(port, chat(1, stream=False)),
+            "bad key": await raw(port, chat(1, stream=False, key="bad-key")),
+            "unknown model": await raw(port, client.request_bytes("/v1/chat/completions", other_model, "good-key")),
+        }
+
+    with Fleet([1.0], INSTANT, api_key="replica-secret") as fleet, HAProxy(render, tmp_path) as proxy:
+        answers = asyncio.run(ask(proxy.port))
+    assert answers["good"][0] == 200 and events(answers["good"][1])[-1] == "[DONE]"
+    assert answers["no key"][0] == answers["bad key"][0] == 401
+    assert json.loads(answers["bad key"][1])["error"]["code"] == "invalid_api_key"
+    assert answers["unknown model"][0] == 404
+    assert json.loads(answers["unknown model"][1])["error"]["param"] == "model"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("module", ["bench.routing", "bench.gateway"])
+def test_the_benchmark_runs_to_the_end_in_its_quick_mode(module):
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "| --- |" in done.stdout
+    assert "errors" in done.stdout
