@@ -11,6 +11,7 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 import requests
@@ -18,6 +19,7 @@ import requests
 from agent import protocol
 from llmgw_transport import verify
 
+T = TypeVar("T")
 log = logging.getLogger("agent.client")
 
 
@@ -49,9 +51,10 @@ class TokenStore:
         except (OSError, ValueError):
             return None
         # A token was issued to one node id; after the id changes it must not be used.
-        if not isinstance(saved, dict) or saved.get("node_id") != node_id or not isinstance(saved.get("token"), str):
+        if not isinstance(saved, dict) or saved.get("node_id") != node_id:
             return None
-        return saved["token"]
+        token = saved.get("token")
+        return token if isinstance(token, str) else None
 
     def save(self, node_id: str, token: str) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -120,7 +123,7 @@ class ControlPlane:
         return content
 
     @staticmethod
-    def _decode(body: bytes, kind):
+    def _decode(body: bytes, kind: type[T]) -> T:
         try:
             return protocol.decode(body, kind)
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:

@@ -17,12 +17,14 @@ import hashlib
 import hmac
 import json
 import os
+import socket
 import sys
 import threading
 import time
 import uuid
 from collections.abc import Generator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 MAX_TOKENS = 4096
 
@@ -42,7 +44,7 @@ class Engine:
         self.prompt_tokens = 0
         self.generation_tokens = 0
 
-    def complete(self, prompt: str, max_tokens: int) -> dict:
+    def complete(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         text = self.generate(prompt, max_tokens)
         prompt_tokens = len(prompt.split())
         return {
@@ -118,7 +120,7 @@ class Engine:
         )
 
 
-def chat_prompt(messages) -> str:
+def chat_prompt(messages: object) -> str:
     """The messages' contents joined, as a chat template would feed them to a model."""
     if not isinstance(messages, list) or not all(
         isinstance(m, dict) and isinstance(m.get("content", ""), str) for m in messages
@@ -134,7 +136,7 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
 
-    def do_GET(self):
+    def do_GET(self) -> None:
         if self.path == "/metrics":
             self._send(200, self.engine.metrics().encode(), "text/plain; version=0.0.4")
         elif self.path == "/health":
@@ -144,7 +146,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._json(404, {"error": {"message": "not found"}})
 
-    def do_POST(self):
+    def do_POST(self) -> None:
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._json(404, {"error": {"message": "not found"}})
             return
@@ -177,7 +179,7 @@ class Handler(BaseHTTPRequestHandler):
         sent = self.headers.get("Authorization", "").removeprefix("Bearer ")
         return hmac.compare_digest(sent.encode(), self.api_key.encode())
 
-    def _chat(self, completion: dict) -> dict:
+    def _chat(self, completion: dict[str, Any]) -> dict[str, Any]:
         choice = completion["choices"][0]
         return {
             **completion,
@@ -223,7 +225,7 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
         self.wfile.flush()
 
-    def _json(self, status: int, body: dict) -> None:
+    def _json(self, status: int, body: dict[str, Any]) -> None:
         self._send(status, json.dumps(body).encode(), "application/json")
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
@@ -233,14 +235,14 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, format, *args):
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
 
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def handle_error(self, request, client_address) -> None:
+    def handle_error(self, request: socket.socket | tuple[bytes, socket.socket], client_address: Any) -> None:
         # A client (or a proxy closing an idle pooled connection) gone is the normal end of a connection.
         if isinstance(sys.exc_info()[1], ConnectionError):
             return

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,7 +157,7 @@ class Descendants:
             return self.pid_max  # never handed out after a wrap: outside every window
         return (self.pid_max - 1 - since) + (pid - RESERVED_PIDS + 1)
 
-    def _pids_after(self, since: int, last: int):
+    def _pids_after(self, since: int, last: int) -> Iterator[int]:
         if last >= since:
             yield from range(since + 1, last + 1)
         else:

@@ -104,7 +104,10 @@ class Agent:
         # One attribute, swapped whole, so a reader never pairs one inventory with another's hash.
         self.discovered: tuple[protocol.Inventory, str] = (protocol.Inventory(), "")
         self.acknowledged_hash = ""
-        self._provisioned: tuple | None = None  # (discovered, provision, result) of with_provision's last
+        # (discovered, provision, result) of with_provision's last
+        self._provisioned: (
+            tuple[tuple[protocol.Inventory, str], list[protocol.EngineInstall], tuple[protocol.Inventory, str]] | None
+        ) = None
         self.inventory_wanted = False
         self.token: str | None = None
         # This run's name and its heartbeats' numbers (docs/protocol.md): the control plane
@@ -378,7 +381,7 @@ class Agent:
         self.beats_failed += 1
         self._complain("heartbeat failed (%d in a row): %s", self.beats_failed, exc, first=self.beats_failed == 1)
 
-    def _complain(self, message: str, *args, first: bool = False) -> None:
+    def _complain(self, message: str, *args: object, first: bool = False) -> None:
         now = time.monotonic()
         if first or now - self._last_complaint >= self.tuning.quiet_for:
             self._last_complaint = now

@@ -12,11 +12,12 @@ This module imports nothing but msgspec: the agent must not pull in Django.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, overload
 
 import msgspec
 
 PROTOCOL_VERSION = 1
+T = TypeVar("T")
 
 # Bounds. Generous for real machines, small enough that one body cannot make
 # the control plane allocate without limit.
@@ -301,6 +302,10 @@ def encode(message: Struct) -> bytes:
     return encoder.encode(message)
 
 
+@overload
+def decode(body: bytes, kind: type[T]) -> T: ...
+@overload
+def decode(body: bytes, kind: Any) -> Any: ...  # a constrained alias, such as Labels
 def decode(body: bytes, kind: Any) -> Any:
     """Decode and validate; raises msgspec.ValidationError or DecodeError."""
     return msgspec.json.decode(body, type=kind)

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from agent import cgroups, enginekinds, leftovers, protocol
 from agent.details import with_last_lines
@@ -36,7 +37,7 @@ MAX_LOG_BYTES = 64 * 2**20
 class Shard:
     spec: protocol.ShardSpec
     state: protocol.ShardState = "starting"
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[bytes] | None = None
     restarts: int = 0
     exit_code: int | None = None
     detail: str = ""
@@ -298,7 +299,7 @@ class Runner:
                 return
             self._recorded = live
 
-    def _logfile(self, shard_id: str):
+    def _logfile(self, shard_id: str) -> BinaryIO:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         path = self.log_dir / f"{shard_id}.log"
         try:

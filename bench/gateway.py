@@ -39,6 +39,7 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -87,6 +88,10 @@ class Route:
         body = client.chat_body(model, QUESTION, max_tokens, stream)
         return client.request_bytes("/v1/chat/completions", body, self.key)
 
+    def requests(self, model: str, stream: bool) -> Callable[[int], bytes]:
+        """What a client loop sends: the same request, whatever its number."""
+        return lambda _: self.request(model, stream=stream)
+
 
 def summary(outcomes: list[client.Outcome], cpu: int = 0) -> dict:
     good = [o for o in outcomes if o.ok]
@@ -108,17 +113,12 @@ async def in_turns(routes: list[Route], model: str, stream: bool, concurrency: i
     outcomes: dict[str, list[client.Outcome]] = {r.name: [] for r in routes}
     cpu = dict.fromkeys(outcomes, 0)
     for route in routes:  # warm: connections open, caches filled
-        await client.closed_loop(
-            route.pools[model], lambda _, r=route: r.request(model, stream=stream), concurrency, concurrency * 2
-        )
+        await client.closed_loop(route.pools[model], route.requests(model, stream), concurrency, concurrency * 2)
     for _ in range(rounds):
         for route in routes:
             before = cpu_tree(route.pid)
             outcomes[route.name] += await client.closed_loop(
-                route.pools[model],
-                lambda _, r=route: r.request(model, stream=stream),
-                concurrency,
-                max(1, counts[route.name] // rounds),
+                route.pools[model], route.requests(model, stream), concurrency, max(1, counts[route.name] // rounds)
             )
             cpu[route.name] += cpu_tree(route.pid) - before
     return {name: summary(found, cpu[name]) for name, found in outcomes.items()}

@@ -142,7 +142,7 @@ async def one_policy(policy: str, args, requests: list[Request], rate: float) ->
             await weigher
         weights = haproxy.ask("show servers state replicas") if weigher else ""
         pool.close()
-    counted = [(n, o) for n, o in enumerate(outcomes) if o.due - started >= args.warmup]
+    counted = [(n, o) for n, o in enumerate(outcomes) if o.scheduled - started >= args.warmup]
     good = [o for _, o in counted if o.ok]
     prompt = sum(requests[n % len(requests)].prompt_tokens for n, o in counted if o.ok)
     ttft = [o.ttft * 1000 for o in good]
@@ -157,7 +157,7 @@ async def one_policy(policy: str, args, requests: list[Request], rate: float) ->
         "requests_per_second": sum(o.ok for o in outcomes) / (finished - started),
         "tokens_per_second": sum(o.completion_tokens for o in outcomes if o.ok) / (finished - started),
         "cached_share": sum(o.cached_tokens for o in good) / prompt if prompt else 0.0,
-        "late_ms_p99": client.quantile([(o.sent - o.due) * 1000 for _, o in counted], 0.99),
+        "late_ms_p99": client.quantile([(o.sent - o.scheduled) * 1000 for _, o in counted], 0.99),
         "weights": weight_column(weights),
         "failures": sorted({o.error or f"HTTP {o.status}" for _, o in counted if not o.ok}),
     }

@@ -36,11 +36,12 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import hiredis
 import redis
 from django.conf import settings
+from redis.connection import ConnectionInterface
 
 import livestate
 from livestate import cards, keys, limits, loadstore, sequence, shardversion
@@ -73,12 +74,12 @@ class Verdict:
 class _Connection:
     """This process's own connection for the script, made again when the client or the process changes."""
 
-    def __init__(self):
-        self.client = None
+    def __init__(self) -> None:
+        self.client: redis.Redis | None = None
         self.pid = 0
-        self.connection = None
+        self.connection: ConnectionInterface | None = None
 
-    def call(self, script_keys: tuple, args: tuple):
+    def call(self, script_keys: BeatKeys, args: BeatArgs) -> list[Any]:
         connection = self._current()
         try:
             try:
@@ -92,21 +93,27 @@ class _Connection:
             raise
 
     @staticmethod
-    def _send(connection, command: str, script: str, script_keys: tuple, args: tuple):
+    def _send(
+        connection: ConnectionInterface, command: str, script: str, script_keys: BeatKeys, args: BeatArgs
+    ) -> list[Any]:
         # hiredis packs the command in C; redis-py's own `pack_command` first walks the
         # arguments in Python looking for bytearrays, which none of these is.
-        packed = hiredis.pack_command((command, script, len(script_keys), *script_keys, *args))
+        # hiredis's stub types the command as a one-item tuple; it takes any number of parts.
+        packed = hiredis.pack_command((command, script, len(script_keys), *script_keys, *args))  # type: ignore[arg-type]
         connection.send_packed_command([packed], False)
-        return connection.read_response()
+        # The script answers a list (see SOURCE); redis-py leaves its reply untyped.
+        reply: list[Any] = connection.read_response()
+        return reply
 
-    def _current(self):
+    def _current(self) -> ConnectionInterface:
         client = livestate.client()
-        if self.connection is None or self.client is not client or self.pid != os.getpid():
-            if self.connection is not None and self.pid == os.getpid():
-                self.connection.disconnect()
+        connection = self.connection
+        if connection is None or self.client is not client or self.pid != os.getpid():
+            if connection is not None and self.pid == os.getpid():
+                connection.disconnect()
             self.client, self.pid = client, os.getpid()
-            self.connection = client.connection_pool.make_connection()
-        return self.connection
+            connection = self.connection = client.connection_pool.make_connection()
+        return connection
 
 
 _connection = _Connection()

@@ -7,6 +7,8 @@ takes the whole hash (`take`) and writes it to `Node.last_heartbeat` in bulk.
 
 from __future__ import annotations
 
+from redis.client import Pipeline
+
 import livestate
 from agent.protocol import Load
 from livestate import cards, keys, loadstore, selfmetrics
@@ -31,7 +33,7 @@ def record(
     pipe.execute()
 
 
-def note(pipe, node_id: str, received_at: float) -> None:
+def note(pipe: Pipeline, node_id: str, received_at: float) -> None:
     """Queue a live node's heartbeat time (Unix seconds, the control plane's clock) on a pipeline."""
     pipe.hset(keys.HEARTBEATS, node_id, repr(received_at))
 
@@ -45,7 +47,7 @@ def take() -> dict[bytes, bytes]:
     pipe = livestate.client().pipeline(transaction=True)
     pipe.hgetall(keys.HEARTBEATS)
     pipe.delete(keys.HEARTBEATS)
-    raw, _ = pipe.execute()
+    raw: dict[bytes, bytes] = pipe.execute()[0]  # HGETALL's reply
     return raw
 
 

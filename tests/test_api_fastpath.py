@@ -8,6 +8,7 @@ import pytest
 from django.core.handlers.wsgi import WSGIHandler
 
 from agent import protocol
+from bench.fleetlib.profile import Started
 from bench.fleetlib.profile import environ as wsgi_environ
 from llmgw_site import wsgi
 from nodes.api import fastpath
@@ -51,14 +52,14 @@ class WsgiAnswer:
 def call(path: str, body: bytes = b"", method: str = "POST", **meta) -> WsgiAnswer:
     """`application` called as a WSGI server calls it."""
     environ = wsgi_environ(path, None, body, method, HTTP_HOST="testserver", SERVER_NAME="testserver", **meta)
-    started = []
+    started = Started()
     # Made afresh, so that Django's handler loads the middleware of this test's settings.
     application = fastpath.HeartbeatFastPath(WSGIHandler())
-    chunks = application(environ, lambda status, headers, exc_info=None: started.append((status, headers)))
+    chunks = application(environ, started)
     body_out = b"".join(chunks)
     if hasattr(chunks, "close"):
         chunks.close()
-    return WsgiAnswer(*started[0], body_out)
+    return WsgiAnswer(*started.answers[0], body_out)
 
 
 def beat_over_wsgi(token: str, beat: protocol.Heartbeat | bytes, **meta) -> WsgiAnswer:

@@ -16,6 +16,7 @@ from django.core.handlers.wsgi import WSGIHandler
 from django.test import Client
 
 from agent import protocol
+from bench.fleetlib.profile import Started
 from bench.fleetlib.profile import environ as wsgi_environ
 from nodes.api import fastpath
 from nodes.entry import HTTPS_REQUIRED
@@ -42,11 +43,9 @@ def _behind_a_proxy_in_production(settings, redis_client, monkeypatch):
 def over_wsgi(path: str, token: str, body: bytes = b"", host: str = "llmgw.example.com", **meta) -> tuple[int, dict]:
     """The WSGI application as a web server calls it, heartbeat fast path included."""
     environ = wsgi_environ(path, token, body, HTTP_HOST=host, HTTP_X_FORWARDED_FOR="192.0.2.7", **meta)
-    started = []
-    chunks = fastpath.HeartbeatFastPath(WSGIHandler())(
-        environ, lambda status, headers, exc=None: started.append(status)
-    )
-    return int(started[0].split()[0]), json.loads(b"".join(chunks))
+    started = Started()
+    chunks = fastpath.HeartbeatFastPath(WSGIHandler())(environ, started)
+    return int(started.answers[0][0].split()[0]), json.loads(b"".join(chunks))
 
 
 @pytest.fixture

@@ -92,6 +92,7 @@ def management_address(control_plane: str) -> str:
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.connect((url.hostname or "127.0.0.1", url.port or 80))
-            return sock.getsockname()[0]
+            address: str = sock.getsockname()[0]  # an AF_INET socket's name is (host, port)
+            return address
     except OSError:
         return ""

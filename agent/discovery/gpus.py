@@ -14,13 +14,16 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Set
-from typing import Any, get_args
+from collections.abc import Callable, Set
+from typing import Any, TypeVar, get_args
 
 from agent import protocol
 
 log = logging.getLogger("agent.discovery")
 _UUID = re.compile(get_args(protocol.GPUUuid)[1].pattern)
+T = TypeVar("T")
+# pynvml ships no types: the module, its device handles and its event sets are read as Any.
+Nvml = Any
 
 
 def read_gpus(own_pids: Set[int] = frozenset()) -> list[protocol.GPU]:
@@ -44,7 +47,7 @@ def read_gpus(own_pids: Set[int] = frozenset()) -> list[protocol.GPU]:
             pynvml.nvmlShutdown()
 
 
-def _gpu(nvml, index: int, own_pids: Set[int]) -> protocol.GPU:
+def _gpu(nvml: Nvml, index: int, own_pids: Set[int]) -> protocol.GPU:
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     ecc = _optional(
         nvml,
@@ -73,7 +76,7 @@ def _gpu(nvml, index: int, own_pids: Set[int]) -> protocol.GPU:
     )
 
 
-def _optional(nvml, call):
+def _optional(nvml: Nvml, call: Callable[[], T]) -> T | None:
     """A reading some boards do not support (ECC on consumer cards): None instead of failing the GPU."""
     try:
         return call()
@@ -81,7 +84,7 @@ def _optional(nvml, call):
         return None
 
 
-def _text(value) -> str:
+def _text(value: bytes | str) -> str:
     return (value.decode() if isinstance(value, bytes) else str(value))[: protocol.MAX_TEXT]
 
 
@@ -104,7 +107,7 @@ class GPUSampler:
         self._retry_at = float("-inf")
         self._nvml: Any = None
         self._events: Any = None
-        self._handles: list = []
+        self._handles: list[Any] = []
         self.pending: dict[int, list[int]] = {}
         self.clean: dict[int, int] = {}
 
@@ -135,7 +138,7 @@ class GPUSampler:
         self._events = self._listen(pynvml)
         return True
 
-    def _listen(self, nvml):
+    def _listen(self, nvml: Nvml) -> Any:
         """An event set for critical XIDs on every GPU that supports it; None where none does."""
         try:
             events = nvml.nvmlEventSetCreate()
@@ -183,7 +186,7 @@ class GPUSampler:
                     if xid in waiting:
                         waiting.remove(xid)
 
-    def _drain_xids(self, nvml) -> dict[int, list[int]]:
+    def _drain_xids(self, nvml: Nvml) -> dict[int, list[int]]:
         """Every XID NVML has queued since the last sample, by GPU index, without waiting."""
         seen: dict[int, list[int]] = {}
         if self._events is None:
@@ -198,7 +201,7 @@ class GPUSampler:
             if event.eventType & nvml.nvmlEventTypeXidCriticalError:
                 seen.setdefault(nvml.nvmlDeviceGetIndex(event.device), []).append(int(event.eventData))
 
-    def _sample(self, nvml, index: int, handle, xids: list[int]) -> protocol.GPULoad:
+    def _sample(self, nvml: Nvml, index: int, handle: Any, xids: list[int]) -> protocol.GPULoad:
         waiting = self.pending.setdefault(index, [])
         # The oldest are dropped if a storm outruns the heartbeats: the newest say most about now.
         waiting[:] = (waiting + xids)[-protocol.MAX_XIDS :]

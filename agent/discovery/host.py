@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+from pathlib import Path
 
 from agent import procfs, protocol
 
@@ -48,7 +49,7 @@ def memory_total(roots: procfs.Roots) -> int:
     return min(procfs.read_meminfo(roots.proc).get("MemTotal", 0), protocol.MAX_COUNT)
 
 
-def _read(path) -> str:
+def _read(path: Path) -> str:
     try:
         return path.read_text(errors="replace")
     except OSError:

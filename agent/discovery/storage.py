@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -119,7 +120,7 @@ def scan_weights(root: str, limit: int = protocol.MAX_WEIGHTS) -> list[protocol.
     return sorted(found, key=lambda w: w.path)
 
 
-def _model_format(files: dict) -> Literal["safetensors", "bin", ""]:
+def _model_format(files: Collection[str]) -> Literal["safetensors", "bin", ""]:
     if "config.json" not in files:
         return ""
     if any(name.endswith(".safetensors") for name in files):
@@ -129,21 +130,21 @@ def _model_format(files: dict) -> Literal["safetensors", "bin", ""]:
     return ""
 
 
-def _is_file(entry: os.DirEntry) -> bool:
+def _is_file(entry: os.DirEntry[str]) -> bool:
     try:
         return entry.is_file()
     except OSError:
         return False
 
 
-def _is_dir(entry: os.DirEntry) -> bool:
+def _is_dir(entry: os.DirEntry[str]) -> bool:
     try:
         return entry.is_dir(follow_symlinks=False)
     except OSError:
         return False
 
 
-def _size(entry: os.DirEntry) -> int:
+def _size(entry: os.DirEntry[str]) -> int:
     try:
         return min(entry.stat().st_size, protocol.MAX_COUNT)
     except OSError:
@@ -187,7 +188,7 @@ class Storage:
             del self.hung[model_dir]
         result: list[Look] = []
 
-        def work():
+        def work() -> None:
             try:
                 result.append(look_at(model_dir, mounts, limit))
             except OSError as exc:

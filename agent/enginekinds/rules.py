@@ -12,6 +12,8 @@ agent both import it.
 
 from __future__ import annotations
 
+from typing import Any
+
 from agent.enginekinds import BY_NAME, KINDS
 from agent.enginekinds.record import Signal, Source
 
@@ -51,7 +53,7 @@ def expression(signal: Signal) -> str:
 ABSENT_FOR = "5m"
 
 
-def absent_alert() -> dict:
+def absent_alert() -> dict[str, Any]:
     # A shard runs when the control plane reports its engine's processes (llmgw_shard_cpu_cores);
     # its engine is silent when no series of the table carries its shard label. Only shards with
     # an allocation (a replica) are engine targets (nodes/targets.py): a process an agent reports
@@ -80,7 +82,7 @@ def absent_alert() -> dict:
     }
 
 
-def rules() -> dict:
+def rules() -> dict[str, Any]:
     """The rule file's content, ready for YAML."""
     recording = [{"record": str(signal), "expr": expression(signal) + "\n"} for signal in Signal if sources(signal)]
     return {

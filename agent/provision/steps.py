@@ -53,7 +53,7 @@ class Context:
     log_path: Path
     tail_lines: int = 12
     cancelled: threading.Event = field(default_factory=threading.Event)
-    process: subprocess.Popen | None = None
+    process: subprocess.Popen[str] | None = None
 
     def run(self, step: str, argv: list[str], watch: Callable[[str], str | None] | None = None) -> str:
         """Run one command, its output appended to the log; `watch` turns an output line into a new detail.

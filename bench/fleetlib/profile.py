@@ -28,6 +28,7 @@ import random
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from devstack.redis_server import RedisServer
@@ -64,16 +65,33 @@ def environ(path: str, token: str | None, body: bytes, method: str = "POST", **m
     return built | meta
 
 
+class Started:
+    """A WSGI server's `start_response`, keeping the status and headers each answer started with."""
+
+    def __init__(self) -> None:
+        self.answers: list[tuple[str, list[tuple[str, str]]]] = []
+
+    def __call__(
+        self, status: str, headers: list[tuple[str, str]], exc_info: object = None
+    ) -> Callable[[bytes], object]:
+        self.answers.append((status, headers))
+        return self.write
+
+    @staticmethod
+    def write(data: bytes) -> None:
+        raise NotImplementedError("the application wrote through start_response's callable, which WSGI deprecates")
+
+
 def call(application, path: str, token: str, body: bytes) -> str:
-    status = []
-    result = application(environ(path, token, body), lambda s, headers, exc=None: status.append(s))
+    started = Started()
+    result = application(environ(path, token, body), started)
     try:
         for _ in result:
             pass
     finally:
         if hasattr(result, "close"):
             result.close()
-    return status[0]
+    return started.answers[0][0]
 
 
 def main() -> int:
@@ -114,9 +132,7 @@ def main() -> int:
         for index in range(args.nodes):
             rng = random.Random(index)
             message, digest = bodies.registration(index, rng)
-            result = application(
-                environ("/api/v1/register", JOIN_TOKEN, protocol.encode(message)), lambda s, h, e=None: None
-            )
+            result = application(environ("/api/v1/register", JOIN_TOKEN, protocol.encode(message)), Started())
             out = b"".join(result)
             token = protocol.decode(out, protocol.Registered).token
             inv = message.inventory

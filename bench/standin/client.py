@@ -39,11 +39,23 @@ class Outcome:
 
     @property
     def ttft(self) -> float:
-        return self.first - self.sent
+        return _measured(self.first, "first token") - self.sent
 
     @property
     def total(self) -> float:
-        return self.done - self.sent
+        return _measured(self.done, "end") - self.sent
+
+    @property
+    def scheduled(self) -> float:
+        """When an open loop meant to send it."""
+        return _measured(self.due, "due time")
+
+
+def _measured(moment: float | None, what: str) -> float:
+    # Asked only of outcomes that have it (an answered request, an open loop's); a None here is the caller's bug.
+    if moment is None:
+        raise ValueError(f"this outcome has no {what}")
+    return moment
 
 
 class Pool:
@@ -119,7 +131,7 @@ async def _read_response(reader: asyncio.StreamReader, outcome: Outcome) -> bool
         headers[name.strip().lower()] = value.strip().lower()
     keep = headers.get(b"connection") != b"close"
     if headers.get(b"transfer-encoding") == b"chunked":
-        body = bytearray()
+        body: bytes | bytearray = bytearray()
         while True:
             size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
             if size == 0:

@@ -29,12 +29,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
 MAX_TOKENS = 4096
@@ -117,7 +118,7 @@ class Replica:
         self.window_tokens = 0
         self.window_seconds = 0.0
 
-    async def generate(self, tokens: list[str], max_tokens: int, counts: dict) -> AsyncIterator[str]:
+    async def generate(self, tokens: list[str], max_tokens: int, counts: dict) -> AsyncGenerator[str, None]:
         """Waits for a slot, prefills, then yields `max_tokens` words at the replica's pace."""
         self.deferred += 1
         try:
@@ -383,7 +384,8 @@ class Server:
 
 
 async def read_chunked(reader: asyncio.StreamReader) -> bytes:
-    parts, total = [], 0
+    parts: list[bytes] = []
+    total = 0
     while True:
         size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
         total += size
@@ -419,7 +421,7 @@ async def serve(replicas: list[tuple[str, int, Replica]]) -> list[asyncio.Server
     servers = []
     for host, port, replica in replicas:
         handler = Server(replica).serve
-        servers.append(await loop.create_server(lambda h=handler: _Protocol(h), host, port, backlog=4096))
+        servers.append(await loop.create_server(functools.partial(_Protocol, handler), host, port, backlog=4096))
     return servers
 
 

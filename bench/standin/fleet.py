@@ -34,14 +34,14 @@ class Fleet:
         command += [f"--listen={port}:{speed}" for port, speed in zip(self.ports, self.speeds, strict=True)]
         if self.api_key:
             command.append(f"--api-key={self.api_key}")
-        self.process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+        self.process = process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
         try:
-            wait_until(lambda: all(port_open(p) for p in self.ports) or self.process.poll() is not None, 20, "engines")
+            wait_until(lambda: all(port_open(p) for p in self.ports) or process.poll() is not None, 20, "engines")
         except TimeoutError:
             self.__exit__()
             raise
-        if self.process.poll() is not None:
-            raise RuntimeError(f"the stand-in engines exited ({self.process.returncode})")
+        if process.poll() is not None:
+            raise RuntimeError(f"the stand-in engines exited ({process.returncode})")
         return self
 
     def __exit__(self, *exc) -> None:

@@ -69,10 +69,12 @@ class LiteLLM:
         command = [str(VENV / "bin" / "litellm"), "--config", str(self.config), "--host", "127.0.0.1"]
         command += ["--port", str(self.port), "--num_workers", "1"]
         self.log = open(self.workdir / "litellm.log", "wb")  # closed in __exit__
-        self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.workdir)
+        self.process = process = subprocess.Popen(
+            command, env=env, stdout=self.log, stderr=subprocess.STDOUT, cwd=self.workdir
+        )
         try:
             wait_until(
-                lambda: self.process.poll() is not None or port_open(self.port),
+                lambda: process.poll() is not None or port_open(self.port),
                 STARTUP_SECONDS,
                 "LiteLLM's proxy to listen",
                 interval=0.5,
@@ -80,7 +82,7 @@ class LiteLLM:
         except TimeoutError:
             self.__exit__()
             raise
-        if self.process.poll() is not None:
+        if process.poll() is not None:
             raise RuntimeError(f"litellm exited; its log is {self.workdir / 'litellm.log'}")
         return self
 
@@ -96,4 +98,6 @@ class LiteLLM:
 
     @property
     def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError("LiteLLM is started by entering its `with`")
         return self.process.pid

@@ -190,19 +190,20 @@ class HAProxy:
         self.process: subprocess.Popen | None = None
 
     def __enter__(self) -> HAProxy:
-        self.process = subprocess.Popen(
+        self.process = process = subprocess.Popen(
             [haproxy_binary(), "-db", "-f", str(self.config)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env=self.env,
         )
         try:
-            wait_until(lambda: self.process.poll() is not None or port_open(self.port), 10, "HAProxy to listen")
+            wait_until(lambda: process.poll() is not None or port_open(self.port), 10, "HAProxy to listen")
         except TimeoutError:
             self.__exit__()
             raise
-        if self.process.poll() is not None:
-            raise RuntimeError(f"haproxy exited: {self.process.stderr.read().decode()}")
+        if process.poll() is not None:
+            _, errors = process.communicate()
+            raise RuntimeError(f"haproxy exited: {errors.decode()}")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -212,6 +213,8 @@ class HAProxy:
 
     @property
     def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError("HAProxy is started by entering its `with`")
         return self.process.pid
 
     def ask(self, command: str) -> str:

@@ -31,8 +31,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from functools import cache
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 from django.conf import settings
 from django.db import close_old_connections, reset_queries
@@ -52,7 +53,8 @@ INTERNAL_ERROR = Answer(500, b'{"field":"$","reason":"internal error; the contro
 @cache
 def heartbeat_path() -> str:
     # Read from the URLconf on first use, so the path has one home (nodes/urls.py).
-    return reverse("api-heartbeat")
+    path: str = reverse("api-heartbeat")
+    return path
 
 
 @cache
@@ -89,14 +91,15 @@ def redirects_to_https() -> bool:
     """
     path = heartbeat_path().lstrip("/")
     exempt = any(re.search(pattern, path) for pattern in settings.SECURE_REDIRECT_EXEMPT)
-    return settings.SECURE_SSL_REDIRECT and not exempt
+    return bool(settings.SECURE_SSL_REDIRECT) and not exempt
 
 
-def is_secure(environ: dict) -> bool:
+def is_secure(environ: WSGIEnvironment) -> bool:
     """Django's `request.is_secure()`: HTTPS here, or at the proxy that says so in its header."""
     if settings.SECURE_PROXY_SSL_HEADER:
-        header, secure_value = settings.SECURE_PROXY_SSL_HEADER
-        forwarded = environ.get(header)
+        proxy_header: tuple[str, str] = settings.SECURE_PROXY_SSL_HEADER
+        header, secure_value = proxy_header
+        forwarded: str | None = environ.get(header)
         if forwarded is not None:
             return forwarded.split(",", 1)[0].strip() == secure_value
     return environ.get("wsgi.url_scheme") == "https"
@@ -105,10 +108,10 @@ def is_secure(environ: dict) -> bool:
 class HeartbeatFastPath:
     """WSGI middleware: the heartbeat to `answer_heartbeat`, every other request to `application`."""
 
-    def __init__(self, application: Callable):
+    def __init__(self, application: WSGIApplication):
         self.application = application
 
-    def __call__(self, environ: dict, start_response: Callable) -> Iterable[bytes]:
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         if environ.get("PATH_INFO") != heartbeat_path():
             return self.application(environ, start_response)
         secure = is_secure(environ)

@@ -30,8 +30,12 @@ from nodes.ratelimit import address_of, check_registration, client_address, lock
 _NODE_ID = re.compile(protocol.NodeId.__metadata__[0].pattern)  # type: ignore[attr-defined]  # an Annotated alias
 UNKNOWN_TOKEN = "unknown or revoked node token"
 
+View = Callable[[HttpRequest], HttpResponse]
+# Django ships no types we install: its decorator, typed for the views here (agents carry no CSRF token).
+csrf_exempt_view: Callable[[View], View] = csrf_exempt
 
-@csrf_exempt
+
+@csrf_exempt_view
 def register(request: HttpRequest) -> HttpResponse:
     address = client_address(request)
     try:
@@ -51,7 +55,7 @@ def register(request: HttpRequest) -> HttpResponse:
         return database_unavailable(exc).response()
 
 
-@csrf_exempt
+@csrf_exempt_view
 def heartbeat(request: HttpRequest) -> HttpResponse:
     """The heartbeat as a Django view; production serves the same answer from WSGI (nodes/api/fastpath.py)."""
     return answer_heartbeat(request.META, request.read).as_django()
@@ -119,7 +123,7 @@ def refusal(refused: inventory_heartbeat.Refused, address: str, received_at: flo
     return refused_credential(address, UNKNOWN_TOKEN, received_at)
 
 
-@csrf_exempt
+@csrf_exempt_view
 def empty(request: HttpRequest) -> HttpResponse:
     """The benchmark's ceiling: a view doing nothing, routed only when LLMGW_BENCH_EMPTY_VIEW is true."""
     return HttpResponse(b'{"state":"ready"}', content_type="application/json")
