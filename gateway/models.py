@@ -2,9 +2,9 @@
 
 A key's secret is shown once, when it is made; only its SHA-256 digest is kept, and that
 digest is what HAProxy looks up (`req.hdr(authorization)` → `sha2(256),hex,lower` → the
-key map), so a request is admitted without Python in its path. Per-tenant limits and usage
-belong to the tenant (another issue); they would be fields here and a second map the sync
-writes beside the keys'.
+key map), so a request is admitted without Python in its path. A tenant's limits go the same
+way: the sync writes them into maps keyed by tenant, and HAProxy compares each tenant's
+counters in a stick table against them (docs/gateway.md, "Tenants: limits, usage, budgets").
 """
 
 from __future__ import annotations
@@ -42,6 +42,13 @@ class Tenant(models.Model):
     name = models.CharField(max_length=64, unique=True, validators=[TENANT_NAME_VALIDATOR])
     active = models.BooleanField(default=True, help_text="An inactive tenant's keys are refused at the gateway.")
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Empty: no limit. Zero refuses every request (a tenant held back without revoking its keys).
+    requests_per_second = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests admitted per second, on each gateway; empty: no limit."
+    )
+    concurrent_requests = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests in flight at once, on each gateway; empty: no limit."
+    )
 
     class Meta:
         ordering = ["name"]

@@ -68,6 +68,8 @@ class Sync:
             self._repair_map(self.paths.models_map, desired.models_map(), done)
             self._repair_map(self.paths.keys_map, desired.keys, done)
             self._repair_map(self.paths.catalog_map, desired.catalog_map(), done)
+            self._repair_map(self.paths.rps_map, desired.requests_per_second, done)
+            self._repair_map(self.paths.concurrency_map, desired.concurrent_requests, done)
         except RuntimeError_ as exc:
             done.errors.append(str(exc))
             log.warning("gateway: %s", exc)

@@ -127,6 +127,23 @@ def deployments(rows: list[dict], width: int = 80) -> str:
     return table(("NAME", "MODEL", "ENGINE", "RUNNING", "PENDING", "WHY PENDING"), cells, width, shrink=(0, 1, 5))
 
 
+def tenants(rows: list[dict], width: int = 80) -> str:
+    def shown(limit) -> str:
+        return "—" if limit is None else str(limit)
+
+    cells = [
+        (
+            t["name"],
+            "active" if t["active"] else "inactive",
+            shown(t["requests_per_second"]),
+            shown(t["concurrent_requests"]),
+            str(t.get("keys", 0)),
+        )
+        for t in rows
+    ]
+    return table(("TENANT", "STATE", "RPS", "CONCURRENT", "KEYS"), cells, width, shrink=(0,))
+
+
 def keys(rows: list[dict], width: int = 80) -> str:
     cells = []
     for k in rows:

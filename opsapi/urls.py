@@ -17,6 +17,7 @@ urlpatterns = [
     path("deployments/<str:name>/", deployments.DeploymentDetail.as_view(), name="opsapi-deployment"),
     path("events/", events.Events.as_view(), name="opsapi-events"),
     path("tenants/", gateway.TenantList.as_view(), name="opsapi-tenants"),
+    path("tenants/<str:name>/", gateway.TenantDetail.as_view(), name="opsapi-tenant"),
     path("keys/", gateway.KeyList.as_view(), name="opsapi-keys"),
     path("keys/<int:key_id>/", gateway.KeyDetail.as_view(), name="opsapi-key"),
     # Anything else under the prefix is a JSON 404 too, not the site's HTML page.

@@ -205,3 +205,22 @@ def test_keys_create_list_revoke(capsys, logged_in):
     assert run(capsys, "keys", "list", "--tenant", "acme")[1].count("revoked") == 1
     code, _, err = run(capsys, "keys", "create", "nobody")
     assert code != 0 and "tenant" in err
+
+
+def test_tenants_create_set_and_clear_limits(capsys, logged_in):
+    code, out, _ = run(capsys, "tenants", "create", "acme", "--rps", "5")
+    assert code == 0 and "acme" in out
+    assert Tenant.objects.get().requests_per_second == 5
+    code, out, _ = run(capsys, "tenants", "set", "acme", "--concurrent", "2")
+    tenant = Tenant.objects.get()
+    # Only what was given changes: the rate stays.
+    assert code == 0 and (tenant.requests_per_second, tenant.concurrent_requests) == (5, 2)
+    assert run(capsys, "tenants", "set", "acme", "--rps", "none")[0] == 0
+    assert Tenant.objects.get().requests_per_second is None
+    code, out, _ = run(capsys, "tenants")
+    assert code == 0 and out.splitlines()[1].split() == ["acme", "active", "—", "2", "0"]
+    with pytest.raises(SystemExit) as exited:
+        main(["tenants", "set", "acme", "--rps", "-3"])
+    assert exited.value.code == 2 and "--rps" in capsys.readouterr().err
+    code, _, err = run(capsys, "tenants", "set", "nobody", "--rps", "1")
+    assert code == 4 and "nobody" in err
