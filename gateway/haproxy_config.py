@@ -17,6 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "gateway.cfg"
+# The Lua filter counting the engines' tokens (gateway.usage reads its totals).
+USAGE_LUA = ROOT / "deploy" / "gateway_usage.lua"
 # The largest request body admitted by default; larger ones get 413 before reaching an engine.
 # req.body sees one buffer, so the buffer is sized to hold it (`Frontend.bufsize`); HAProxy
 # needs glibc's allocator fixed for buffers this large (docs/gateway.md, "What it costs"), and
@@ -217,6 +219,7 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "bufsize": str(frontend.bufsize),
         "maxconn": str(max_connections()),
         "admin_socket": str(paths.admin_socket),
+        "usage_lua": str(USAGE_LUA),
         "keys_map": str(paths.keys_map),
         "models_map": str(paths.models_map),
         "catalog_map": str(paths.catalog_map),

@@ -107,3 +107,27 @@ class ApiKey(models.Model):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class Usage(models.Model):
+    """Tokens the engines reported for a tenant's requests to one replica of a model, in one hour (UTC).
+
+    Keyed by names, not rows: usage outlives a tenant or a replica deleted since (bills are asked later).
+    """
+
+    tenant = models.CharField(max_length=64)
+    model = models.CharField(max_length=128, help_text="The served model name.")
+    replica = models.CharField(max_length=128, help_text="The replica (the gateway's server) that answered.")
+    hour = models.DateTimeField(help_text="The hour's start, UTC.")
+    requests = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "model", "replica", "hour"], name="usage_one_row_per_hour")
+        ]
+        indexes = [models.Index(fields=["tenant", "hour"])]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.model} {self.replica} {self.hour:%Y-%m-%d %H:00}"

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway import haproxy_config
+from gateway import haproxy_config, usage
 from gateway.haproxy_config import Backend, Desired, Frontend, Paths, ServerState
 from gateway.runtime import ActualServer, Runtime, RuntimeError_
 
@@ -37,10 +37,19 @@ class Pass:
 
 
 class Sync:
-    def __init__(self, paths: Paths, frontend: Frontend, read_desired: Callable[[], Desired]):
+    def __init__(
+        self,
+        paths: Paths,
+        frontend: Frontend,
+        read_desired: Callable[[], Desired],
+        record_usage: Callable[[dict[usage.Key, usage.Counted]], None] = usage.record,
+    ):
         self.paths = paths
         self.frontend = frontend
         self.read_desired = read_desired
+        self.record_usage = record_usage
+        # Tokens taken from HAProxy and not yet written (the database was down): written next pass.
+        self.unrecorded: dict[usage.Key, usage.Counted] = {}
         self.runtime = Runtime(paths.admin_socket, paths.master_socket)
         self.desired: Desired | None = None
         # The shape the running HAProxy was last reloaded with; None: not known (a new sync process).
@@ -70,12 +79,26 @@ class Sync:
             self._repair_map(self.paths.catalog_map, desired.catalog_map(), done)
             self._repair_map(self.paths.rps_map, desired.requests_per_second, done)
             self._repair_map(self.paths.concurrency_map, desired.concurrent_requests, done)
+            for key, counted in usage.take(self.runtime).items():
+                self.unrecorded.setdefault(key, usage.Counted()).add(counted)
         except RuntimeError_ as exc:
             done.errors.append(str(exc))
             log.warning("gateway: %s", exc)
+        self._record_usage(done)
         for action in done.actions:
             log.info("gateway: %s", action)
         return done
+
+    def _record_usage(self, done: Pass) -> None:
+        if not self.unrecorded:
+            return
+        try:
+            self.record_usage(self.unrecorded)
+        except Exception as exc:  # the database down: kept for the next pass
+            done.errors.append(f"usage not recorded, kept for the next pass: {exc}")
+            log.warning("gateway: %s", done.errors[-1])
+            return
+        self.unrecorded = {}
 
     # -- backends: only a reload changes them ---------------------------------------------------
 

@@ -1,0 +1,101 @@
+"""Tokens counted at the gateway equal the engine's own counters, per tenant, model and replica.
+
+A real HAProxy with its Lua usage filter, a real demo engine reporting `usage`, and the sync
+taking the totals into the database each pass.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gateway.models import ApiKey, Tenant, Usage
+from gateway.usage import Counted
+from inventory.models import Shard
+from tests.test_gateway import Engine, Gateway, serve
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db]
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    made = Gateway(tmp_path / "gw")
+    yield made
+    made.stop()
+
+
+def key_for(name: str) -> str:
+    made = ApiKey(tenant=Tenant.objects.get_or_create(name=name)[0])
+    secret = made.issue()
+    made.save()
+    return secret
+
+
+@pytest.fixture
+def engine(gateway, db):
+    replica = serve("gw-1", 0)
+    running = Engine(replica.deployment.engine_secret)
+    Shard.objects.filter(replica=replica).update(port=running.port)
+    gateway.sync.run_once()
+    running.replica = replica.replica_id
+    yield running
+    running.stop()
+
+
+def streamed_usage(answer) -> dict:
+    events = [line.removeprefix(b"data: ") for line in answer.iter_lines() if line]
+    assert events[-1] == b"[DONE]"
+    return json.loads(events[-2])["usage"]
+
+
+def totals(**where) -> Counted:
+    counted = Counted()
+    for row in Usage.objects.filter(**where):
+        counted.add(Counted(row.requests, row.prompt_tokens, row.completion_tokens))
+    return counted
+
+
+def test_usage_counted_equals_the_engines_for_streams_and_whole_answers(gateway, engine):
+    acme, other = key_for("acme"), key_for("other")
+    gateway.sync.run_once()
+    seen = {"acme": Counted(), "other": Counted()}
+    for i in range(1, 13):
+        tenant, key = ("acme", acme) if i % 3 else ("other", other)
+        prompt = " ".join(["word"] * i)
+        body = {"model": "chat", "messages": [{"role": "user", "content": prompt}], "max_tokens": i}
+        if i % 2:
+            answer = gateway.post("/v1/chat/completions", body, key)
+            reported = answer.json()["usage"]
+        else:
+            body.update(stream=True, stream_options={"include_usage": True})
+            reported = streamed_usage(gateway.post("/v1/chat/completions", body, key, stream=True))
+        seen[tenant].add(Counted(1, reported["prompt_tokens"], reported["completion_tokens"]))
+    gateway.sync.run_once()
+    assert totals(tenant="acme") == seen["acme"]
+    assert totals(tenant="other") == seen["other"]
+    everything = totals()
+    assert everything.prompt_tokens == engine.gauge("vllm:prompt_tokens_total")
+    assert everything.completion_tokens == engine.tokens_generated()
+    assert set(Usage.objects.values_list("model", "replica")) == {("chat", engine.replica)}
+    # Taken once: a second pass adds nothing.
+    gateway.sync.run_once()
+    assert totals() == everything
+
+
+def test_usage_taken_while_the_database_is_down_is_written_on_a_later_pass(gateway, engine):
+    key = key_for("acme")
+    gateway.sync.run_once()
+    assert gateway.post("/v1/completions", {"model": "chat", "prompt": "a b c", "max_tokens": 5}, key).ok
+    working = gateway.sync.record_usage
+
+    def database_down(counted):
+        raise ConnectionError("database unreachable")
+
+    gateway.sync.record_usage = database_down
+    done = gateway.sync.run_once()
+    assert any("usage not recorded" in error for error in done.errors)
+    assert not Usage.objects.exists()
+    gateway.sync.record_usage = working
+    gateway.sync.run_once()
+    assert totals() == Counted(1, 3, 5)
