@@ -23,7 +23,16 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("name", "active", "requests_per_second", "concurrent_requests", "usable_keys", "created_at")
+    list_display = (
+        "name",
+        "active",
+        "requests_per_second",
+        "concurrent_requests",
+        "tokens_per_minute",
+        "tokens_per_day",
+        "usable_keys",
+        "created_at",
+    )
     list_filter = ("active",)
     search_fields = ("name",)
     inlines = (ApiKeyInline,)

@@ -73,6 +73,8 @@ class Desired:
     # Tenant → its limit, for the tenants that have one (gateway.limits).
     requests_per_second: dict[str, str] = field(default_factory=dict)
     concurrent_requests: dict[str, str] = field(default_factory=dict)
+    # Tenant → `window:limit:seconds` for the tenants whose token budget is spent (gateway.budgets).
+    budget_spent: dict[str, str] = field(default_factory=dict)
 
     def shape(self) -> tuple[tuple[str, str], ...]:
         """What only a reload can change: the backends and their engines' secrets."""
@@ -140,6 +142,10 @@ class Paths:
     @property
     def concurrency_map(self) -> Path:
         return self.directory / "concurrency.map"
+
+    @property
+    def budget_map(self) -> Path:
+        return self.directory / "budget.map"
 
     @property
     def catalog_map(self) -> Path:
@@ -225,6 +231,7 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "catalog_map": str(paths.catalog_map),
         "rps_map": str(paths.rps_map),
         "concurrency_map": str(paths.concurrency_map),
+        "budget_map": str(paths.budget_map),
         "max_body": str(frontend.max_body),
         "errorfiles": "\n".join(f"    errorfile {code} {paths.errors / f'{code}.http'}" for code in ERRORS),
         "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
@@ -269,4 +276,5 @@ def write_all(paths: Paths, frontend: Frontend, desired: Desired) -> bool:
     write_private(paths.catalog_map, map_text(desired.catalog_map()).encode())
     write_private(paths.rps_map, map_text(desired.requests_per_second).encode())
     write_private(paths.concurrency_map, map_text(desired.concurrent_requests).encode())
+    write_private(paths.budget_map, map_text(desired.budget_spent).encode())
     return write_private(paths.config, render(paths, frontend, desired).encode())

@@ -49,6 +49,16 @@ class Tenant(models.Model):
     concurrent_requests = models.PositiveIntegerField(
         null=True, blank=True, help_text="Requests in flight at once, on each gateway; empty: no limit."
     )
+    # Token budgets count what the engines reported (prompt and completion), across every gateway;
+    # minutes and days are UTC's. Once spent, the next request is refused until the window ends.
+    tokens_per_minute = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Tokens per minute (UTC), on all gateways together; empty: no budget."
+    )
+    tokens_per_day = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Tokens per day (UTC, from midnight), on all gateways together; empty: no budget.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -131,3 +141,20 @@ class Usage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant} {self.model} {self.replica} {self.hour:%Y-%m-%d %H:00}"
+
+
+class TokenMinute(models.Model):
+    """A tenant's tokens in one UTC minute, all gateways together: what its per-minute budget is held to.
+
+    Kept only for the current and the last minute (the sync deletes older rows).
+    """
+
+    tenant = models.CharField(max_length=64)
+    minute = models.DateTimeField(help_text="The minute's start, UTC.")
+    tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "minute"], name="token_minute_one_row")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.minute:%Y-%m-%d %H:%M}"

@@ -57,6 +57,8 @@ class Sync:
 
     def run_once(self) -> Pass:
         done = Pass()
+        # Usage first: the budgets read next see this pass's tokens.
+        self._collect_usage(done)
         try:
             self.desired = self.read_desired()
         except Exception as exc:  # the database down, or any read error: keep serving what was known
@@ -79,17 +81,21 @@ class Sync:
             self._repair_map(self.paths.catalog_map, desired.catalog_map(), done)
             self._repair_map(self.paths.rps_map, desired.requests_per_second, done)
             self._repair_map(self.paths.concurrency_map, desired.concurrent_requests, done)
-            for key, counted in usage.take(self.runtime).items():
-                self.unrecorded.setdefault(key, usage.Counted()).add(counted)
+            self._repair_map(self.paths.budget_map, desired.budget_spent, done)
         except RuntimeError_ as exc:
             done.errors.append(str(exc))
             log.warning("gateway: %s", exc)
-        self._record_usage(done)
         for action in done.actions:
             log.info("gateway: %s", action)
         return done
 
-    def _record_usage(self, done: Pass) -> None:
+    def _collect_usage(self, done: Pass) -> None:
+        try:
+            for key, counted in usage.take(self.runtime).items():
+                self.unrecorded.setdefault(key, usage.Counted()).add(counted)
+        except RuntimeError_ as exc:
+            done.errors.append(f"usage not taken: {exc}")
+            log.warning("gateway: %s", done.errors[-1])
         if not self.unrecorded:
             return
         try:

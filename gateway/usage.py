@@ -9,12 +9,13 @@ for its next pass, so a database that is down loses nothing while the sync runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from gateway.models import Usage
+from gateway.models import TokenMinute, Usage
 from gateway.runtime import Runtime
 
 
@@ -46,32 +47,37 @@ def take(runtime: Runtime) -> dict[Key, Counted]:
     return taken
 
 
-def this_hour():
-    return timezone.now().replace(minute=0, second=0, microsecond=0)
+def record(counted: dict[Key, Counted], now=None) -> None:
+    """Add to the hour's rows and to each tenant's minute, made when missing.
 
-
-def record(counted: dict[Key, Counted], hour=None) -> None:
-    """Add to the hour's rows, made when missing; several gateways' syncs may add to one row at once."""
-    hour = hour or this_hour()
+    Several gateways' syncs may add to one row at once: increments, never overwrites.
+    """
+    now = now or timezone.now()
+    hour = now.replace(minute=0, second=0, microsecond=0)
+    minute = now.replace(second=0, microsecond=0)
+    per_tenant: dict[str, int] = {}
     for (tenant, model, replica), more in counted.items():
-        row = Usage.objects.filter(tenant=tenant, model=model, replica=replica, hour=hour)
-        increments = {
-            "requests": F("requests") + more.requests,
-            "prompt_tokens": F("prompt_tokens") + more.prompt_tokens,
-            "completion_tokens": F("completion_tokens") + more.completion_tokens,
-        }
-        if row.update(**increments):
-            continue
-        try:
-            with transaction.atomic():
-                Usage.objects.create(
-                    tenant=tenant,
-                    model=model,
-                    replica=replica,
-                    hour=hour,
-                    requests=more.requests,
-                    prompt_tokens=more.prompt_tokens,
-                    completion_tokens=more.completion_tokens,
-                )
-        except IntegrityError:  # another gateway's sync made the row in between
-            row.update(**increments)
+        _add(
+            Usage,
+            {"tenant": tenant, "model": model, "replica": replica, "hour": hour},
+            {
+                "requests": more.requests,
+                "prompt_tokens": more.prompt_tokens,
+                "completion_tokens": more.completion_tokens,
+            },
+        )
+        per_tenant[tenant] = per_tenant.get(tenant, 0) + more.prompt_tokens + more.completion_tokens
+    for tenant, tokens in per_tenant.items():
+        _add(TokenMinute, {"tenant": tenant, "minute": minute}, {"tokens": tokens})
+    TokenMinute.objects.filter(minute__lt=minute - timedelta(minutes=1)).delete()
+
+
+def _add(model, row: dict, amounts: dict[str, int]) -> None:
+    increments = {name: F(name) + amount for name, amount in amounts.items()}
+    if model.objects.filter(**row).update(**increments):
+        return
+    try:
+        with transaction.atomic():
+            model.objects.create(**row, **amounts)
+    except IntegrityError:  # another gateway's sync made the row in between
+        model.objects.filter(**row).update(**increments)

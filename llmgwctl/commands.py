@@ -167,7 +167,12 @@ def events(args: Namespace) -> int:
 
 
 # The command line's names for a tenant's limits, and the API's.
-LIMIT_OPTIONS = {"rps": "requests_per_second", "concurrent": "concurrent_requests"}
+LIMIT_OPTIONS = {
+    "rps": "requests_per_second",
+    "concurrent": "concurrent_requests",
+    "tpm": "tokens_per_minute",
+    "tpd": "tokens_per_day",
+}
 
 
 def tenants(args: Namespace) -> int:

@@ -119,6 +119,8 @@ def parser() -> argparse.ArgumentParser:
             metavar="N|none",
             help="requests in flight, on each gateway",
         )
+        for option, text in (("--tpm", "tokens per minute (UTC)"), ("--tpd", "tokens per day (UTC)")):
+            each.add_argument(option, type=limit, default=argparse.SUPPRESS, metavar="N|none", help=text)
     tenant_set.add_argument("--active", choices=["true", "false"], help="false: its keys are refused")
     for each in (tenants, tenant_listing, tenant_create, tenant_set):
         each.add_argument("-o", "--output", choices=["json"])

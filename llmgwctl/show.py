@@ -137,11 +137,15 @@ def tenants(rows: list[dict], width: int = 80) -> str:
             "active" if t["active"] else "inactive",
             shown(t["requests_per_second"]),
             shown(t["concurrent_requests"]),
+            shown(t["tokens_per_minute"]),
+            shown(t["tokens_per_day"]),
             str(t.get("keys", 0)),
         )
         for t in rows
     ]
-    return table(("TENANT", "STATE", "RPS", "CONCURRENT", "KEYS"), cells, width, shrink=(0,))
+    return table(
+        ("TENANT", "STATE", "RPS", "CONCURRENT", "TOKENS/MIN", "TOKENS/DAY", "KEYS"), cells, width, shrink=(0,)
+    )
 
 
 def keys(rows: list[dict], width: int = 80) -> str:

@@ -99,3 +99,34 @@ def test_usage_taken_while_the_database_is_down_is_written_on_a_later_pass(gatew
     gateway.sync.record_usage = working
     gateway.sync.run_once()
     assert totals() == Counted(1, 3, 5)
+
+
+def test_a_spent_daily_budget_refuses_the_next_request_within_a_pass_until_midnight_utc(gateway, engine):
+    key = key_for("acme")
+    Tenant.objects.filter(name="acme").update(tokens_per_day=20)
+    gateway.sync.run_once()
+    body = {"model": "chat", "prompt": "a b c d e", "max_tokens": 10}
+    assert gateway.post("/v1/completions", body, key).status_code == 200
+    gateway.sync.run_once()
+    # 15 of 20 spent: one more passes, and overspends (a request's size is known only once answered).
+    assert gateway.post("/v1/completions", body, key).status_code == 200
+    gateway.sync.run_once()
+    refused = gateway.post("/v1/completions", body, key)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["message"] == "Token budget spent for tenant acme: tokens per day limit of 20"
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert 0 < int(refused.headers["Retry-After"]) <= 86_400
+    assert engine.tokens_generated() == 20
+    # Raised: served again after one pass.
+    Tenant.objects.filter(name="acme").update(tokens_per_day=None, tokens_per_minute=1000)
+    gateway.sync.run_once()
+    assert gateway.post("/v1/completions", body, key).status_code == 200
+
+
+def test_a_zero_budget_refuses_every_request(gateway, engine):
+    key = key_for("acme")
+    Tenant.objects.filter(name="acme").update(tokens_per_minute=0)
+    gateway.sync.run_once()
+    refused = gateway.post("/v1/completions", {"model": "chat", "prompt": "a", "max_tokens": 1}, key)
+    assert refused.status_code == 429 and "tokens per minute limit of 0" in refused.json()["error"]["message"]
+    assert 0 < int(refused.headers["Retry-After"]) <= 60

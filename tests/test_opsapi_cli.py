@@ -218,7 +218,9 @@ def test_tenants_create_set_and_clear_limits(capsys, logged_in):
     assert run(capsys, "tenants", "set", "acme", "--rps", "none")[0] == 0
     assert Tenant.objects.get().requests_per_second is None
     code, out, _ = run(capsys, "tenants")
-    assert code == 0 and out.splitlines()[1].split() == ["acme", "active", "—", "2", "0"]
+    assert run(capsys, "tenants", "set", "acme", "--tpd", "1000")[0] == 0
+    code, out, _ = run(capsys, "tenants")
+    assert code == 0 and out.splitlines()[1].split() == ["acme", "active", "—", "2", "—", "1000", "0"]
     with pytest.raises(SystemExit) as exited:
         main(["tenants", "set", "acme", "--rps", "-3"])
     assert exited.value.code == 2 and "--rps" in capsys.readouterr().err

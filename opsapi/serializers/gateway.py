@@ -14,7 +14,16 @@ class TenantSerializer(serializers.ModelSerializer):
 
     class Meta:
         model = Tenant
-        fields = ("name", "active", "requests_per_second", "concurrent_requests", "created_at", "keys")
+        fields = (
+            "name",
+            "active",
+            "requests_per_second",
+            "concurrent_requests",
+            "tokens_per_minute",
+            "tokens_per_day",
+            "created_at",
+            "keys",
+        )
         read_only_fields = ("created_at",)
 
 
@@ -23,7 +32,7 @@ class TenantChange(serializers.ModelSerializer):
 
     class Meta:
         model = Tenant
-        fields = ("active", "requests_per_second", "concurrent_requests")
+        fields = ("active", "requests_per_second", "concurrent_requests", "tokens_per_minute", "tokens_per_day")
         extra_kwargs = {name: {"required": False} for name in fields}
 
 
