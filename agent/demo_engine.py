@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import json
 import os
+import sys
 import threading
 import time
 import uuid
@@ -242,6 +243,16 @@ class Handler(BaseHTTPRequestHandler):
         pass
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        # A client (or a proxy closing an idle pooled connection) gone is the normal end of a connection.
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m agent.demo_engine", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
@@ -253,9 +264,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     Handler.engine = Engine(args.model, args.cpu_ms_per_token, args.kib_per_token, args.max_running)
     Handler.api_key = os.environ.get("LLMGW_ENGINE_API_KEY", "")
-    server = ThreadingHTTPServer((args.host, args.port), Handler)
-    server.daemon_threads = True
-    server.serve_forever()
+    Server((args.host, args.port), Handler).serve_forever()
 
 
 if __name__ == "__main__":

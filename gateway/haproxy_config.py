@@ -196,9 +196,14 @@ def max_connections() -> int:
     return max(min(PRODUCTION_MAXCONN, (hard - 100) // 2), 100)
 
 
+# pool-max-conn -1: idle connections to the engine are kept (27k/s against 10.1k/s without).
+# pool-purge-delay 1s: a server taken out is deleted only once its idle connections are closed,
+# which the default 5 s took 15 s to do, and 1 s about 3.
+SERVER_OPTIONS = "pool-max-conn -1 pool-purge-delay 1s"
+
+
 def server_line(server: Server) -> str:
-    # pool-max-conn -1: idle connections to the engine are kept (27k/s against 10.1k/s without).
-    line = f"    server {server.name} {server.address}:{server.port} weight {server.weight} pool-max-conn -1"
+    line = f"    server {server.name} {server.address}:{server.port} weight {server.weight} {SERVER_OPTIONS}"
     return line + (" disabled" if server.state != ServerState.READY else "")
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway import haproxy_config, usage
-from gateway.haproxy_config import Backend, Desired, Frontend, Paths, ServerState
+from gateway.haproxy_config import SERVER_OPTIONS, Backend, Desired, Frontend, Paths, ServerState
 from gateway.runtime import ActualServer, Runtime, RuntimeError_
 
 log = logging.getLogger("llmgw.gateway")
@@ -33,6 +33,8 @@ class Pass:
 
     actions: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # What HAProxy refused for now and a later pass will try again (a server still holding requests).
+    waiting: list[str] = field(default_factory=list)
     reloaded: bool = False
 
 
@@ -146,7 +148,7 @@ class Sync:
             if have is None:
                 self._do(
                     done,
-                    f"add server {where} {server.address}:{server.port} weight {server.weight} pool-max-conn -1",
+                    f"add server {where} {server.address}:{server.port} weight {server.weight} {SERVER_OPTIONS}",
                     ok=("New server registered",),
                 )
                 have = ActualServer(name, server.address, server.port, server.weight, 0x01)
@@ -168,6 +170,8 @@ class Sync:
             answer = self.runtime.ask(f"del server {where}").strip()
             if answer.startswith("Server deleted"):
                 done.actions.append(f"del server {where}")
+            else:
+                done.waiting.append(f"del server {where}: {answer}")
 
     # -- maps -----------------------------------------------------------------------------------
 

@@ -306,6 +306,24 @@ def test_a_node_or_gpu_that_must_not_serve_loses_its_server_in_one_pass(gateway,
 
 
 @pytest.mark.django_db
+def test_a_server_taken_out_under_a_stream_is_deleted_once_the_stream_ends(gateway, engine, key):
+    one_engine(gateway, engine, cpu_ms_per_token=2)
+    stream = gateway.post(
+        "/v1/completions", {"model": "chat", "prompt": "x", "max_tokens": 500, "stream": True}, key, stream=True
+    )
+    lines = stream.iter_lines()
+    assert next(line for line in lines if line).startswith(b"data: ")
+    Node.objects.filter(pk="gw-1").update(admin_state=AdminState.CORDONED)
+    gateway.sync.run_once()
+    # Out at once (no new request reaches it), but not deleted under the stream.
+    assert {name: s.state for name, s in gateway.servers().items()} == {"d-gw-1-r1": "maint"}
+    assert gateway.post("/v1/chat/completions", CHAT, key).status_code == 503
+    assert [line for line in lines if line][-1] == b"data: [DONE]"
+    # Deleted once HAProxy has also closed its idle connections to it (pool-purge-delay 1s).
+    wait_until(lambda: gateway.sync.run_once() and gateway.servers() == {}, 10, "the server deleted", interval=0.5)
+
+
+@pytest.mark.django_db
 def test_the_sync_repairs_what_was_changed_behind_its_back(gateway, engine, key):
     one_engine(gateway, engine)
     runtime = Runtime(gateway.paths.admin_socket)
@@ -336,6 +354,10 @@ def test_after_an_haproxy_restart_it_serves_the_last_state_then_converges(gatewa
     other.save()
     gateway.sync.run_once()
     assert gateway.post("/v1/chat/completions", CHAT, other_secret).status_code == 200
+    # The server it came back with is one of its config's: taken out and deleted like any other.
+    Node.objects.filter(pk="gw-1").update(admin_state=AdminState.CORDONED)
+    done = gateway.sync.run_once()
+    assert gateway.servers() == {}, done
 
 
 @pytest.mark.django_db

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("nodes", "opsapi", "inventory", "livestate", "agent", "llmgwctl", "llmgw_site", "devstack")
+PACKAGES = ("nodes", "opsapi", "gateway", "inventory", "livestate", "agent", "llmgwctl", "llmgw_site", "devstack")
 LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
 
 
@@ -48,6 +48,7 @@ def test_the_tree_keeps_every_contract():
     [
         ("livestate/wrong.py", "import inventory.models\n", "web app > domain > live state > wire protocol"),
         ("inventory/wrong.py", "from nodes import ratelimit\n", "web app > domain > live state > wire protocol"),
+        ("inventory/wrong.py", "from gateway import models\n", "web app > domain > live state > wire protocol"),
         ("agent/protocol_wrong.py", "import livestate\n", "the agent runs on GPU machines"),
         ("agent/wrong.py", "from django.conf import settings\n", "the agent runs on GPU machines"),
         ("llmgwctl/wrong.py", "import opsapi.models\n", "the llmgw command needs nothing of the server"),

@@ -62,10 +62,12 @@ def test_a_failed_install_shows_its_log_tail_as_text_in_a_pre(page):
 def test_a_placed_shard_says_which_install_it_waits_for_then_its_endpoint(page):
     node("cpu-1", gpus=0)
     report(llama("installing", "building llama-server: 42 %"))
-    deployment(**LLAMA, memory_gb_per_shard=1)
+    deployment(**LLAMA, memory_gb_per_shard=1, served_model_name="gemma-chat")
     reconcile()
     shard = Shard.objects.get()
     row = row_of(page(), shard.shard_id)
+    # What clients send through the gateway, beside the file it is served from.
+    assert '<code class="served-model" title="served as">gemma-chat</code>' in row
     assert ">placed</span>" in row
     assert "waiting for llama.cpp 0.3.36: building llama-server: 42 %" in row
     assert f"<code>http://10.1.2.3:{shard.port}/v1</code>" in row
