@@ -198,6 +198,16 @@ def tenants(args: Namespace) -> int:
     return OK
 
 
+def usage(args: Namespace) -> int:
+    """`llmgw usage [--tenant T] [--since 24h]`: tokens per tenant, model and replica."""
+    response = client().get("/usage/", tenant=args.tenant, since=args.since)
+    if args.output == "json":
+        return _raw(response)
+    rows = response.json()["rows"]
+    out(show.usage(rows, _width(False)) if rows else f"no usage since {response.json()['since']}")
+    return OK
+
+
 def keys(args: Namespace) -> int:
     """`llmgw keys [list|create|revoke]`: the gateway's API keys; a made key is printed this once."""
     api = client()

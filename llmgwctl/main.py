@@ -126,6 +126,12 @@ def parser() -> argparse.ArgumentParser:
         each.add_argument("-o", "--output", choices=["json"])
     tenants.set_defaults(run=commands.tenants, action="list")
 
+    usage = sub.add_parser("usage", help="tokens per tenant, model and replica, as the engines reported them")
+    usage.add_argument("--tenant", help="only this tenant's")
+    usage.add_argument("--since", default="24h", help="how far back: 90m, 24h, 30d (24h)")
+    usage.add_argument("-o", "--output", choices=["json"])
+    usage.set_defaults(run=commands.usage)
+
     keys = sub.add_parser("keys", help="the gateway's API keys: list, create (shown once), revoke")
     key_actions = keys.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
     listing = key_actions.add_parser("list", help="list keys (the default)")

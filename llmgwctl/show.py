@@ -148,6 +148,21 @@ def tenants(rows: list[dict], width: int = 80) -> str:
     )
 
 
+def usage(rows: list[dict], width: int = 80) -> str:
+    cells = [
+        (
+            u["tenant"],
+            u["model"],
+            u["replica"],
+            str(u["requests"]),
+            str(u["prompt_tokens"]),
+            str(u["completion_tokens"]),
+        )
+        for u in rows
+    ]
+    return table(("TENANT", "MODEL", "REPLICA", "REQUESTS", "PROMPT", "COMPLETION"), cells, width, shrink=(0, 1, 2))
+
+
 def keys(rows: list[dict], width: int = 80) -> str:
     cells = []
     for k in rows:

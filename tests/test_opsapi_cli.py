@@ -15,7 +15,9 @@ import requests
 import time_machine
 from django.db import OperationalError, connection
 
+from gateway import usage
 from gateway.models import ApiKey, Tenant, key_digest
+from gateway.usage import Counted
 from inventory.models import Deployment, Node
 from inventory.reconcile import reconcile
 from llmgwctl.main import main
@@ -226,3 +228,12 @@ def test_tenants_create_set_and_clear_limits(capsys, logged_in):
     assert exited.value.code == 2 and "--rps" in capsys.readouterr().err
     code, _, err = run(capsys, "tenants", "set", "nobody", "--rps", "1")
     assert code == 4 and "nobody" in err
+
+
+def test_usage_prints_a_tenants_tokens(capsys, logged_in):
+    usage.record({("acme", "chat", "r1"): Counted(2, 10, 20), ("other", "chat", "r1"): Counted(1, 1, 1)})
+    code, out, _ = run(capsys, "usage", "--tenant", "acme", "--since", "24h")
+    assert code == 0 and out.splitlines()[1].split() == ["acme", "chat", "r1", "2", "10", "20"]
+    assert len(out.splitlines()) == 2
+    code, _, err = run(capsys, "usage", "--since", "soon")
+    assert code != 0 and "since" in err

@@ -105,6 +105,8 @@ def test_every_documented_endpoint_answers_as_documented(client, operator, clust
     api.call("post", "/tenants/", {"name": "not one word"})
     api.call("get", "/tenants/")
     api.call("get", "/tenants/acme/")
+    api.call("get", "/usage/", tenant="acme", since="24h")
+    api.call("get", "/usage/", since="yesterday")
     api.call("get", "/tenants/ghost/")
     api.call("patch", "/tenants/acme/", {"requests_per_second": 5, "concurrent_requests": None})
     api.call("patch", "/tenants/acme/", {"requests_per_second": -5})

@@ -1,12 +1,16 @@
-"""A tenant's limits through the operators' API: set, changed, cleared, refused with the field named, logged."""
+"""Tenants through the operators API: limits set, changed, cleared, refused with the field named, logged; usage read."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.utils import timezone
 
-from gateway import wanted
+from gateway import usage, wanted
 from gateway.models import Tenant
+from gateway.usage import Counted
 from tests.opsapi_support import Caller, make_token
 
 pytestmark = pytest.mark.django_db
@@ -62,3 +66,24 @@ def test_an_unknown_tenant_is_404_and_a_read_token_cannot_change_one(operate, cl
     _, secret = make_token(operator, scope="read", name="look")
     assert Caller(client, secret).patch("/tenants/acme/", {"requests_per_second": 1}).status_code == 403
     assert Tenant.objects.get().requests_per_second is None
+
+
+def test_usage_is_summed_per_tenant_model_and_replica_since_a_time(operate):
+    now = timezone.now()
+    usage.record({("acme", "chat", "r1"): Counted(2, 10, 20), ("other", "chat", "r1"): Counted(1, 1, 1)}, now=now)
+    usage.record({("acme", "chat", "r1"): Counted(1, 5, 5)}, now=now - timedelta(hours=1))
+    usage.record({("acme", "chat", "r1"): Counted(9, 99, 99)}, now=now - timedelta(days=3))
+    answer = operate.get("/usage/", tenant="acme", since="24h").json()
+    assert answer["rows"] == [
+        {
+            "tenant": "acme",
+            "model": "chat",
+            "replica": "r1",
+            "requests": 3,
+            "prompt_tokens": 15,
+            "completion_tokens": 25,
+        }
+    ]
+    assert len(operate.get("/usage/", since="7d").json()["rows"]) == 2
+    refused = operate.get("/usage/", since="a while")
+    assert refused.status_code == 400 and "since" in str(refused.json())
