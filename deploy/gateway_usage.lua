@@ -39,23 +39,7 @@ function Usage:start_analyze(txn, chn)
     end
 end
 
-function Usage:http_payload(txn, msg)
-    local data = msg:body(0, -1)
-    if data == nil or data == "" then
-        return
-    end
-    local text = self.tail .. data
-    local prompt, completion = find_usage(text)
-    if prompt then
-        self.prompt, self.completion = prompt, completion
-    end
-    self.tail = string.sub(text, -TAIL)
-end
-
-function Usage:http_end(txn, msg)
-    if not msg.channel:is_resp() or not self.prompt then
-        return
-    end
+local function add(txn, prompt, completion)
     local tenant = txn:get_var("txn.tenant") or "-"
     local model = txn:get_var("txn.model") or "-"
     local server = txn.f:srv_name() or "-"
@@ -66,8 +50,25 @@ function Usage:http_end(txn, msg)
         totals[key] = total
     end
     total[1] = total[1] + 1
-    total[2] = total[2] + self.prompt
-    total[3] = total[3] + self.completion
+    total[2] = total[2] + prompt
+    total[3] = total[3] + completion
+end
+
+-- An answer has one `usage`: counted as soon as it is whole, then the rest of the answer passes
+-- unread (no callback per later chunk, none at the end: each Lua call costs microseconds).
+function Usage:http_payload(txn, msg)
+    local data = msg:body(0, -1)
+    if data == nil or data == "" then
+        return
+    end
+    local text = self.tail .. data
+    local prompt, completion = find_usage(text)
+    if prompt then
+        add(txn, prompt, completion)
+        filter.unregister_data_filter(self, msg.channel)
+        return
+    end
+    self.tail = string.sub(text, -TAIL)
 end
 
 core.register_filter("llmgw_usage", Usage, function(usage, args)
