@@ -1,7 +1,8 @@
 """`manage.py gateway_sync --dir var/gateway --bind 127.0.0.1:8090`: program one gateway HAProxy, every second.
 
 One per gateway instance, beside its HAProxy (started in master-worker mode with the
-config and sockets in the same directory). docs/gateway.md has the whole picture.
+config and sockets in the same directory). Each pass also records the tokens its HAProxy
+counted and writes the tenants' limits and spent budgets. docs/gateway.md has the whole picture.
 """
 
 from __future__ import annotations
