@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from gateway import haproxy_config, usage
 from gateway.haproxy_config import SERVER_OPTIONS, Backend, Desired, Frontend, Paths, ServerState
+from gateway.metrics import GatewayMetrics
 from gateway.runtime import ActualServer, Runtime, RuntimeError_
 
 log = logging.getLogger("llmgw.gateway")
@@ -52,6 +53,7 @@ class Sync:
         self.record_usage = record_usage
         # Tokens taken from HAProxy and not yet written (the database was down): written next pass.
         self.unrecorded: dict[usage.Key, usage.Counted] = {}
+        self.metrics = GatewayMetrics()
         self.runtime = Runtime(paths.admin_socket, paths.master_socket)
         self.desired: Desired | None = None
         # The shape the running HAProxy was last reloaded with; None: not known (a new sync process).
@@ -69,6 +71,7 @@ class Sync:
         if self.desired is None:
             return done
         desired = self.desired
+        self.metrics.over_budget.set(len(desired.budget_spent))
         config_changed = haproxy_config.write_all(self.paths, self.frontend, desired)
         try:
             if self._needs_reload(desired, config_changed):
@@ -93,20 +96,21 @@ class Sync:
 
     def _collect_usage(self, done: Pass) -> None:
         try:
-            for key, counted in usage.take(self.runtime).items():
+            taken = usage.take(self.runtime)
+            self.metrics.taken(taken)
+            for key, counted in taken.items():
                 self.unrecorded.setdefault(key, usage.Counted()).add(counted)
         except RuntimeError_ as exc:
             done.errors.append(f"usage not taken: {exc}")
             log.warning("gateway: %s", done.errors[-1])
-        if not self.unrecorded:
-            return
-        try:
-            self.record_usage(self.unrecorded)
-        except Exception as exc:  # the database down: kept for the next pass
-            done.errors.append(f"usage not recorded, kept for the next pass: {exc}")
-            log.warning("gateway: %s", done.errors[-1])
-            return
-        self.unrecorded = {}
+        if self.unrecorded:
+            try:
+                self.record_usage(self.unrecorded)
+                self.unrecorded = {}
+            except Exception as exc:  # the database down: kept for the next pass
+                done.errors.append(f"usage not recorded, kept for the next pass: {exc}")
+                log.warning("gateway: %s", done.errors[-1])
+        self.metrics.unrecorded.set(sum(c.requests for c in self.unrecorded.values()))
 
     # -- backends: only a reload changes them ---------------------------------------------------
 

@@ -7,8 +7,11 @@ taking the totals into the database each pass.
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
 
 import pytest
+from prometheus_client import generate_latest
 
 from gateway.models import ApiKey, Tenant, Usage
 from gateway.usage import Counted
@@ -81,6 +84,15 @@ def test_usage_counted_equals_the_engines_for_streams_and_whole_answers(gateway,
     # Taken once: a second pass adds nothing.
     gateway.sync.run_once()
     assert totals() == everything
+    # The same counts in the gateway's own series, which promtool finds clean.
+    exported = generate_latest(gateway.sync.metrics.registry).decode()
+    labels = f'model="chat",replica="{engine.replica}",tenant="acme"'
+    assert f"llmgw_gateway_prompt_tokens_total{{{labels}}} {float(seen['acme'].prompt_tokens)}" in exported
+    assert f"llmgw_gateway_completion_tokens_total{{{labels}}} {float(seen['acme'].completion_tokens)}" in exported
+    promtool = shutil.which("promtool")
+    if promtool:
+        checked = subprocess.run([promtool, "check", "metrics"], input=exported, capture_output=True, text=True)
+        assert checked.returncode == 0 and not checked.stdout.strip(), checked.stdout + checked.stderr
 
 
 def test_usage_taken_while_the_database_is_down_is_written_on_a_later_pass(gateway, engine):

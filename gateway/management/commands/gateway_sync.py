@@ -11,6 +11,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
+from prometheus_client import start_http_server
 
 from gateway import haproxy_config, wanted
 from gateway.haproxy_config import MAX_BODY, Frontend, Paths
@@ -36,6 +37,11 @@ class Command(BaseCommand):
             help=f"the largest request body routed, in bytes ({MAX_BODY}); larger ones get 413",
         )
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+        parser.add_argument(
+            "--metrics",
+            metavar="HOST:PORT",
+            help="serve the gateway's llmgw_gateway_* series for Prometheus here, e.g. 127.0.0.1:9491",
+        )
         parser.add_argument("--render-only", action="store_true", help="write the files once and exit")
 
     def handle(self, *args, **options):
@@ -50,4 +56,10 @@ class Command(BaseCommand):
                 desired = haproxy_config.Desired()
             haproxy_config.write_all(paths, frontend, desired)
             return
-        loop(Sync(paths, frontend, read_desired), interval=options["interval"])
+        sync = Sync(paths, frontend, read_desired)
+        if options["metrics"]:
+            host, _, port = options["metrics"].rpartition(":")
+            if not host or not port.isdigit():
+                raise CommandError("--metrics must be HOST:PORT, e.g. 127.0.0.1:9491")
+            start_http_server(int(port), addr=host, registry=sync.metrics.registry)
+        loop(sync, interval=options["interval"])
