@@ -3,7 +3,7 @@
 A replica serves when it is running, every shard of it runs on a node that is alive and
 active (cordoned, draining, unreachable and lost nodes take their servers out), and none of
 its GPUs has failed. Its shard 0's engine takes the requests (the other shards of a
-multi-node replica join it). Seven queries, whatever the fleet's size.
+multi-node replica join it). At most eight queries, whatever the fleet's size.
 """
 
 from __future__ import annotations

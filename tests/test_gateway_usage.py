@@ -142,3 +142,19 @@ def test_a_zero_budget_refuses_every_request(gateway, engine):
     refused = gateway.post("/v1/completions", {"model": "chat", "prompt": "a", "max_tokens": 1}, key)
     assert refused.status_code == 429 and "tokens per minute limit of 0" in refused.json()["error"]["message"]
     assert 0 < int(refused.headers["Retry-After"]) <= 60
+
+
+def test_a_budget_spent_through_one_gateway_is_refused_by_another(gateway, engine, tmp_path):
+    other = Gateway(tmp_path / "gw2")
+    try:
+        key = key_for("acme")
+        Tenant.objects.filter(name="acme").update(tokens_per_day=10)
+        gateway.sync.run_once()
+        other.sync.run_once()
+        body = {"model": "chat", "prompt": "a b c d e", "max_tokens": 10}
+        assert gateway.post("/v1/completions", body, key).status_code == 200
+        gateway.sync.run_once()  # records the 15 tokens
+        other.sync.run_once()  # reads the budget spent
+        assert other.post("/v1/completions", body, key).status_code == 429
+    finally:
+        other.stop()
