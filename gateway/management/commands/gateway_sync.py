@@ -61,5 +61,8 @@ class Command(BaseCommand):
             host, _, port = options["metrics"].rpartition(":")
             if not host or not port.isdigit():
                 raise CommandError("--metrics must be HOST:PORT, e.g. 127.0.0.1:9491")
-            start_http_server(int(port), addr=host, registry=sync.metrics.registry)
+            try:
+                start_http_server(int(port), addr=host, registry=sync.metrics.registry)
+            except OSError as exc:
+                raise CommandError(f"--metrics {options['metrics']}: {exc.strerror}") from None
         loop(sync, interval=options["interval"])
