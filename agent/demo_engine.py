@@ -167,7 +167,9 @@ class Handler(BaseHTTPRequestHandler):
             self._json(400, {"error": {"message": str(exc)}})
             return
         if request.get("stream") is True:
-            self._stream(prompt, max_tokens, chat)
+            options = request.get("stream_options")
+            usage = isinstance(options, dict) and options.get("include_usage") is True
+            self._stream(prompt, max_tokens, chat, usage)
         elif chat:
             self._json(200, self._chat(self.engine.complete(prompt, max_tokens)))
         else:
@@ -194,8 +196,12 @@ class Handler(BaseHTTPRequestHandler):
             ],
         }
 
-    def _stream(self, prompt: str, max_tokens: int, chat: bool) -> None:
-        """Server-sent events, one per word, then `[DONE]`: the shape OpenAI clients read."""
+    def _stream(self, prompt: str, max_tokens: int, chat: bool, usage: bool = False) -> None:
+        """Server-sent events, one per word, then `[DONE]`: the shape OpenAI clients read.
+
+        With `stream_options: {"include_usage": true}`, as OpenAI and vLLM do, a last event before
+        `[DONE]` has no choices and the request's `usage`.
+        """
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:12]}"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
@@ -206,6 +212,16 @@ class Handler(BaseHTTPRequestHandler):
         try:
             for i, word in enumerate(words):
                 self._event(ident, chat, word if i == 0 else " " + word, "length" if i == max_tokens - 1 else None)
+            if usage:
+                prompt_tokens = len(prompt.split())
+                counted = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens}
+                event: dict[str, object] = {
+                    "id": ident,
+                    "object": "chat.completion.chunk" if chat else "text_completion",
+                    "choices": [],
+                    "usage": {**counted, "total_tokens": prompt_tokens + max_tokens},
+                }
+                self._chunk(f"data: {json.dumps(event)}\n\n".encode())
             self._chunk(b"data: [DONE]\n\n")
             self._chunk(b"")
         finally:

@@ -41,7 +41,7 @@ def main() -> int:
         stack.manage("setup_demo", "--var-dir", str(var), "--control-plane", base, "--ca-file", ca, capture=True)
         stack.fetch_demo_model()
         stack.start(stack.agent_part())
-        for part in gateway.parts(stack):
+        for part in gateway.parts(stack, metrics=gateway.DEFAULT_METRICS):
             stack.start(part)
         demo_key = gateway.demo_key(stack)
     except Exception as exc:

@@ -1,11 +1,11 @@
-"""Tenants and API keys in the admin: keys are made for a tenant (the key shown once) and revoked."""
+"""Tenants and API keys in the admin: keys are made for a tenant (the key shown once) and revoked; usage is read."""
 
 from __future__ import annotations
 
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 
-from gateway.models import ApiKey, Tenant
+from gateway.models import ApiKey, Tenant, Usage
 
 
 class ApiKeyInline(admin.TabularInline):
@@ -23,7 +23,16 @@ class ApiKeyInline(admin.TabularInline):
 
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
-    list_display = ("name", "active", "usable_keys", "created_at")
+    list_display = (
+        "name",
+        "active",
+        "requests_per_second",
+        "concurrent_requests",
+        "tokens_per_minute",
+        "tokens_per_day",
+        "usable_keys",
+        "created_at",
+    )
     list_filter = ("active",)
     search_fields = ("name",)
     inlines = (ApiKeyInline,)
@@ -66,3 +75,22 @@ class ApiKeyAdmin(admin.ModelAdmin):
     def revoke(self, request, queryset) -> None:
         revoked = sum(key.revoke(request.user.get_username()) for key in queryset)
         self.message_user(request, f"{revoked} key(s) revoked.", messages.SUCCESS)
+
+
+@admin.register(Usage)
+class UsageAdmin(admin.ModelAdmin):
+    """What the gateways recorded, by the hour: read here, never written (the syncs write it)."""
+
+    list_display = ("hour", "tenant", "model", "replica", "requests", "prompt_tokens", "completion_tokens")
+    list_filter = ("tenant", "model")
+    date_hierarchy = "hour"
+    ordering = ("-hour", "tenant", "model", "replica")
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False

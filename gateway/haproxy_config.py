@@ -17,6 +17,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "gateway.cfg"
+# The Lua filter counting the engines' tokens (gateway.usage reads its totals).
+USAGE_LUA = ROOT / "deploy" / "gateway_usage.lua"
 # The largest request body admitted by default; larger ones get 413 before reaching an engine.
 # req.body sees one buffer, so the buffer is sized to hold it (`Frontend.bufsize`); HAProxy
 # needs glibc's allocator fixed for buffers this large (docs/gateway.md, "What it costs"), and
@@ -66,10 +68,15 @@ class Backend:
 
 @dataclass(frozen=True)
 class Desired:
-    """What the gateway should be: backends by served model name, and tenants by key digest."""
+    """What the gateway should be: backends by served model name, tenants by key digest, and tenants' limits."""
 
     backends: dict[str, Backend] = field(default_factory=dict)
     keys: dict[str, str] = field(default_factory=dict)
+    # Tenant → its limit, for the tenants that have one (gateway.limits).
+    requests_per_second: dict[str, str] = field(default_factory=dict)
+    concurrent_requests: dict[str, str] = field(default_factory=dict)
+    # Tenant → `window:limit:seconds` for the tenants whose token budget is spent (gateway.budgets).
+    budget_spent: dict[str, str] = field(default_factory=dict)
 
     def shape(self) -> tuple[tuple[str, str, bool], ...]:
         """What only a reload can change: the backends and their engines' secrets."""
@@ -129,6 +136,18 @@ class Paths:
     @property
     def models_map(self) -> Path:
         return self.directory / "models.map"
+
+    @property
+    def rps_map(self) -> Path:
+        return self.directory / "rps.map"
+
+    @property
+    def concurrency_map(self) -> Path:
+        return self.directory / "concurrency.map"
+
+    @property
+    def budget_map(self) -> Path:
+        return self.directory / "budget.map"
 
     @property
     def catalog_map(self) -> Path:
@@ -223,9 +242,13 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "bufsize": str(frontend.bufsize),
         "maxconn": str(max_connections()),
         "admin_socket": str(paths.admin_socket),
+        "usage_lua": str(USAGE_LUA),
         "keys_map": str(paths.keys_map),
         "models_map": str(paths.models_map),
         "catalog_map": str(paths.catalog_map),
+        "rps_map": str(paths.rps_map),
+        "concurrency_map": str(paths.concurrency_map),
+        "budget_map": str(paths.budget_map),
         "max_body": str(frontend.max_body),
         "errorfiles": "\n".join(f"    errorfile {code} {paths.errors / f'{code}.http'}" for code in ERRORS),
         "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
@@ -268,4 +291,7 @@ def write_all(paths: Paths, frontend: Frontend, desired: Desired) -> bool:
     write_private(paths.keys_map, map_text(desired.keys).encode())
     write_private(paths.models_map, map_text(desired.models_map()).encode())
     write_private(paths.catalog_map, map_text(desired.catalog_map()).encode())
+    write_private(paths.rps_map, map_text(desired.requests_per_second).encode())
+    write_private(paths.concurrency_map, map_text(desired.concurrent_requests).encode())
+    write_private(paths.budget_map, map_text(desired.budget_spent).encode())
     return write_private(paths.config, render(paths, frontend, desired).encode())

@@ -2,9 +2,9 @@
 
 A key's secret is shown once, when it is made; only its SHA-256 digest is kept, and that
 digest is what HAProxy looks up (`req.hdr(authorization)` → `sha2(256),hex,lower` → the
-key map), so a request is admitted without Python in its path. Per-tenant limits and usage
-belong to the tenant (another issue); they would be fields here and a second map the sync
-writes beside the keys'.
+key map), so a request is admitted without Python in its path. A tenant's limits go the same
+way: the sync writes them into maps keyed by tenant, and HAProxy compares each tenant's
+counters in a stick table against them (docs/gateway.md, "Tenants: limits, usage, budgets").
 """
 
 from __future__ import annotations
@@ -42,6 +42,23 @@ class Tenant(models.Model):
     name = models.CharField(max_length=64, unique=True, validators=[TENANT_NAME_VALIDATOR])
     active = models.BooleanField(default=True, help_text="An inactive tenant's keys are refused at the gateway.")
     created_at = models.DateTimeField(default=timezone.now, editable=False)
+    # Empty: no limit. Zero refuses every request (a tenant held back without revoking its keys).
+    requests_per_second = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests admitted per second, on each gateway; empty: no limit."
+    )
+    concurrent_requests = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Requests in flight at once, on each gateway; empty: no limit."
+    )
+    # Token budgets count what the engines reported (prompt and completion), across every gateway;
+    # minutes and days are UTC's. Once spent, the next request is refused until the window ends.
+    tokens_per_minute = models.PositiveBigIntegerField(
+        null=True, blank=True, help_text="Tokens per minute (UTC), on all gateways together; empty: no budget."
+    )
+    tokens_per_day = models.PositiveBigIntegerField(
+        null=True,
+        blank=True,
+        help_text="Tokens per day (UTC, from midnight), on all gateways together; empty: no budget.",
+    )
 
     class Meta:
         ordering = ["name"]
@@ -100,3 +117,44 @@ class ApiKey(models.Model):
     @property
     def revoked(self) -> bool:
         return self.revoked_at is not None
+
+
+class Usage(models.Model):
+    """Tokens the engines reported for a tenant's requests to one replica of a model, in one hour (UTC).
+
+    Keyed by names, not rows: usage outlives a tenant or a replica deleted since (bills are asked later).
+    """
+
+    tenant = models.CharField(max_length=64)
+    model = models.CharField(max_length=128, help_text="The served model name.")
+    replica = models.CharField(max_length=128, help_text="The replica (the gateway's server) that answered.")
+    hour = models.DateTimeField(help_text="The hour's start, UTC.")
+    requests = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "model", "replica", "hour"], name="usage_one_row_per_hour")
+        ]
+        indexes = [models.Index(fields=["tenant", "hour"])]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.model} {self.replica} {self.hour:%Y-%m-%d %H:00}"
+
+
+class TokenMinute(models.Model):
+    """A tenant's tokens in one UTC minute, all gateways together: what its per-minute budget is held to.
+
+    Kept only for the current and the last minute (the sync deletes older rows).
+    """
+
+    tenant = models.CharField(max_length=64)
+    minute = models.DateTimeField(help_text="The minute's start, UTC.")
+    tokens = models.BigIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["tenant", "minute"], name="token_minute_one_row")]
+
+    def __str__(self) -> str:
+        return f"{self.tenant} {self.minute:%Y-%m-%d %H:%M}"

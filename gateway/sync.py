@@ -23,8 +23,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway import haproxy_config, weights
+from gateway import haproxy_config, usage, weights
 from gateway.haproxy_config import SERVER_OPTIONS, Backend, Desired, Frontend, Paths, ServerState
+from gateway.metrics import GatewayMetrics
 from gateway.runtime import ActualServer, Runtime, RuntimeError_
 
 log = logging.getLogger("llmgw.gateway")
@@ -52,6 +53,7 @@ class Sync:
         read_desired: Callable[[], Desired],
         report_in_flight: Callable[[dict[str, int]], None] | None = None,
         read_queues: Callable[[Desired], dict[str, float]] | None = None,
+        record_usage: Callable[[dict[usage.Key, usage.Counted]], None] = usage.record,
     ):
         self.paths = paths
         self.frontend = frontend
@@ -60,6 +62,10 @@ class Sync:
         self.report_in_flight = report_in_flight
         # Each server's engine queue depth by name, which weighs it (gateway.weights); None: all weigh the same.
         self.read_queues = read_queues
+        self.record_usage = record_usage
+        # Tokens taken from HAProxy and not yet written (the database was down): written next pass.
+        self.unrecorded: dict[usage.Key, usage.Counted] = {}
+        self.metrics = GatewayMetrics()
         self.runtime = Runtime(paths.admin_socket, paths.master_socket)
         self.desired: Desired | None = None
         # The shape the running HAProxy was last reloaded with; None: not known (a new sync process).
@@ -67,6 +73,8 @@ class Sync:
 
     def run_once(self) -> Pass:
         done = Pass()
+        # Usage first: the budgets read next see this pass's tokens.
+        self._collect_usage(done)
         try:
             self.desired = self.read_desired()
         except Exception as exc:  # the database down, or any read error: keep serving what was known
@@ -75,6 +83,7 @@ class Sync:
         if self.desired is None:
             return done
         desired = self.desired
+        self.metrics.over_budget.set(len(desired.budget_spent))
         config_changed = haproxy_config.write_all(self.paths, self.frontend, desired)
         try:
             if self._needs_reload(desired, config_changed):
@@ -91,12 +100,33 @@ class Sync:
             self._repair_map(self.paths.models_map, desired.models_map(), done)
             self._repair_map(self.paths.keys_map, desired.keys, done)
             self._repair_map(self.paths.catalog_map, desired.catalog_map(), done)
+            self._repair_map(self.paths.rps_map, desired.requests_per_second, done)
+            self._repair_map(self.paths.concurrency_map, desired.concurrent_requests, done)
+            self._repair_map(self.paths.budget_map, desired.budget_spent, done)
         except RuntimeError_ as exc:
             done.errors.append(str(exc))
             log.warning("gateway: %s", exc)
         for action in done.actions:
             log.info("gateway: %s", action)
         return done
+
+    def _collect_usage(self, done: Pass) -> None:
+        try:
+            taken = usage.take(self.runtime)
+            self.metrics.taken(taken)
+            for key, counted in taken.items():
+                self.unrecorded.setdefault(key, usage.Counted()).add(counted)
+        except RuntimeError_ as exc:
+            done.errors.append(f"usage not taken: {exc}")
+            log.warning("gateway: %s", done.errors[-1])
+        if self.unrecorded:
+            try:
+                self.record_usage(self.unrecorded)
+                self.unrecorded = {}
+            except Exception as exc:  # the database down: kept for the next pass
+                done.errors.append(f"usage not recorded, kept for the next pass: {exc}")
+                log.warning("gateway: %s", done.errors[-1])
+        self.metrics.unrecorded.set(sum(c.requests for c in self.unrecorded.values()))
 
     # -- backends: only a reload changes them ---------------------------------------------------
 

@@ -3,7 +3,7 @@
 A replica serves when it is running, every shard of it runs on a node that is alive and
 active (cordoned, draining, unreachable and lost nodes take their servers out), and none of
 its GPUs has failed. Its shard 0's engine takes the requests (the other shards of a
-multi-node replica join it). Four queries, whatever the fleet's size.
+multi-node replica join it). At most eight queries, whatever the fleet's size.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from collections import defaultdict
 
 from django.db.models import Exists, OuterRef
 
+from gateway import budgets
 from gateway.haproxy_config import Backend, Desired, Server
-from gateway.models import ApiKey
+from gateway.models import ApiKey, Tenant
 from inventory.endpoints import trusted_address
 from inventory.models import GPU, Deployment, GPUCondition, Node, ReplicaState, Shard
 
@@ -59,4 +60,11 @@ def read() -> Desired:
         )
     }
     keys = dict(ApiKey.objects.usable().values_list("digest", "tenant__name"))
-    return Desired(backends=backends, keys=keys)
+    limits = Tenant.objects.filter(active=True).values_list("name", "requests_per_second", "concurrent_requests")
+    return Desired(
+        backends=backends,
+        keys=keys,
+        requests_per_second={name: str(rps) for name, rps, _ in limits if rps is not None},
+        concurrent_requests={name: str(cur) for name, _, cur in limits if cur is not None},
+        budget_spent=budgets.spent(),
+    )

@@ -169,6 +169,48 @@ def events(args: Namespace) -> int:
             time.sleep(POLL_SECONDS)
 
 
+# The command line's names for a tenant's limits, and the API's.
+LIMIT_OPTIONS = {
+    "rps": "requests_per_second",
+    "concurrent": "concurrent_requests",
+    "tpm": "tokens_per_minute",
+    "tpd": "tokens_per_day",
+}
+
+
+def tenants(args: Namespace) -> int:
+    """`llmgw tenants [list|create|set]`: the gateway's tenants and their limits (`none`: no limit)."""
+    api = client()
+    if args.action in ("create", "set"):
+        changes = {field: getattr(args, option) for option, field in LIMIT_OPTIONS.items() if hasattr(args, option)}
+        if args.action == "create":
+            response = api.post("/tenants/", {"name": args.name, **changes})
+        else:
+            if args.active is not None:
+                changes["active"] = args.active == "true"
+            response = api.patch(f"/tenants/{_path(args.name)}/", changes)
+        if args.output == "json":
+            return _raw(response)
+        out(show.tenants([response.json()], _width(False)))
+        return OK
+    response = api.get("/tenants/")
+    if args.output == "json":
+        return _raw(response)
+    rows = response.json()
+    out(show.tenants(rows, _width(False)) if rows else "no tenants")
+    return OK
+
+
+def usage(args: Namespace) -> int:
+    """`llmgw usage [--tenant T] [--since 24h]`: tokens per tenant, model and replica."""
+    response = client().get("/usage/", tenant=args.tenant, since=args.since)
+    if args.output == "json":
+        return _raw(response)
+    rows = response.json()["rows"]
+    out(show.usage(rows, _width(False)) if rows else f"no usage since {response.json()['since']}")
+    return OK
+
+
 def keys(args: Namespace) -> int:
     """`llmgw keys [list|create|revoke]`: the gateway's API keys; a made key is printed this once."""
     api = client()

@@ -26,6 +26,19 @@ class Parser(argparse.ArgumentParser):
         sys.exit(USAGE)
 
 
+def limit(text: str) -> int | None:
+    """A tenant's limit on the command line: a whole number, or `none` for no limit."""
+    if text == "none":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor none")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     top = Parser(
         prog="llmgw",
@@ -89,6 +102,41 @@ def parser() -> argparse.ArgumentParser:
     scale.add_argument("replicas", type=int, metavar="N")
     scale.add_argument("-o", "--output", choices=["json"])
     scale.set_defaults(run=commands.scale)
+
+    tenants = sub.add_parser("tenants", help="the gateway's tenants and their limits: list, create, set")
+    tenant_actions = tenants.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)
+    tenant_listing = tenant_actions.add_parser("list", help="list tenants (the default)")
+    tenant_create = tenant_actions.add_parser("create", help="make a tenant")
+    tenant_set = tenant_actions.add_parser("set", help="change a tenant's limits: gateways apply them within a second")
+    for each in (tenant_create, tenant_set):
+        each.add_argument("name", metavar="TENANT")
+        # Absent unless given: `--rps none` (no limit) differs from leaving the limit as it is.
+        each.add_argument(
+            "--rps",
+            type=limit,
+            default=argparse.SUPPRESS,
+            metavar="N|none",
+            help="requests per second, on each gateway",
+        )
+        each.add_argument(
+            "--concurrent",
+            type=limit,
+            default=argparse.SUPPRESS,
+            metavar="N|none",
+            help="requests in flight, on each gateway",
+        )
+        for option, text in (("--tpm", "tokens per minute (UTC)"), ("--tpd", "tokens per day (UTC)")):
+            each.add_argument(option, type=limit, default=argparse.SUPPRESS, metavar="N|none", help=text)
+    tenant_set.add_argument("--active", choices=["true", "false"], help="false: its keys are refused")
+    for each in (tenants, tenant_listing, tenant_create, tenant_set):
+        each.add_argument("-o", "--output", choices=["json"])
+    tenants.set_defaults(run=commands.tenants, action="list")
+
+    usage = sub.add_parser("usage", help="tokens per tenant, model and replica, as the engines reported them")
+    usage.add_argument("--tenant", help="only this tenant's")
+    usage.add_argument("--since", default="24h", help="how far back: 90m, 24h, 30d (24h)")
+    usage.add_argument("-o", "--output", choices=["json"])
+    usage.set_defaults(run=commands.usage)
 
     keys = sub.add_parser("keys", help="the gateway's API keys: list, create (shown once), revoke")
     key_actions = keys.add_subparsers(dest="action", metavar="ACTION", parser_class=Parser)

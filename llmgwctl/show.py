@@ -129,6 +129,42 @@ def deployments(rows: list[dict], width: int = 80) -> str:
     return table(("NAME", "MODEL", "ENGINE", "RUNNING", "PENDING", "WHY PENDING"), cells, width, shrink=(0, 1, 5))
 
 
+def tenants(rows: list[dict], width: int = 80) -> str:
+    def shown(limit) -> str:
+        return "—" if limit is None else str(limit)
+
+    cells = [
+        (
+            t["name"],
+            "active" if t["active"] else "inactive",
+            shown(t["requests_per_second"]),
+            shown(t["concurrent_requests"]),
+            shown(t["tokens_per_minute"]),
+            shown(t["tokens_per_day"]),
+            str(t.get("keys", 0)),
+        )
+        for t in rows
+    ]
+    return table(
+        ("TENANT", "STATE", "RPS", "CONCURRENT", "TOKENS/MIN", "TOKENS/DAY", "KEYS"), cells, width, shrink=(0,)
+    )
+
+
+def usage(rows: list[dict], width: int = 80) -> str:
+    cells = [
+        (
+            u["tenant"],
+            u["model"],
+            u["replica"],
+            str(u["requests"]),
+            str(u["prompt_tokens"]),
+            str(u["completion_tokens"]),
+        )
+        for u in rows
+    ]
+    return table(("TENANT", "MODEL", "REPLICA", "REQUESTS", "PROMPT", "COMPLETION"), cells, width, shrink=(0, 1, 2))
+
+
 def keys(rows: list[dict], width: int = 80) -> str:
     cells = []
     for k in rows:

@@ -3,7 +3,7 @@
 from django.urls import path, re_path
 from drf_spectacular.views import SpectacularAPIView
 
-from opsapi.views import actions, deployments, events, gateway, me, nodes
+from opsapi.views import actions, deployments, events, gateway, me, nodes, usage
 from opsapi.views.base import unknown_path
 
 urlpatterns = [
@@ -17,6 +17,8 @@ urlpatterns = [
     path("deployments/<str:name>/", deployments.DeploymentDetail.as_view(), name="opsapi-deployment"),
     path("events/", events.Events.as_view(), name="opsapi-events"),
     path("tenants/", gateway.TenantList.as_view(), name="opsapi-tenants"),
+    path("tenants/<str:name>/", gateway.TenantDetail.as_view(), name="opsapi-tenant"),
+    path("usage/", usage.UsageList.as_view(), name="opsapi-usage"),
     path("keys/", gateway.KeyList.as_view(), name="opsapi-keys"),
     path("keys/<int:key_id>/", gateway.KeyDetail.as_view(), name="opsapi-key"),
     # Anything else under the prefix is a JSON 404 too, not the site's HTML page.

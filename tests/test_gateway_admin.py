@@ -6,7 +6,9 @@ import re
 
 import pytest
 
-from gateway.models import ApiKey, Tenant, key_digest
+from gateway import usage
+from gateway.models import ApiKey, Tenant, Usage, key_digest
+from gateway.usage import Counted
 
 pytestmark = pytest.mark.django_db
 
@@ -52,3 +54,13 @@ def test_revoking_in_the_admin_records_who(client, operator):
 def test_a_viewer_cannot_reach_the_keys(client, viewer):
     client.force_login(viewer)
     assert client.get("/admin/gateway/apikey/").status_code in (302, 403)
+
+
+def test_usage_is_listed_in_the_admin_and_cannot_be_changed(client, operator):
+    usage.record({("acme", "chat", "r1"): Counted(3, 12, 34)})
+    client.force_login(operator)
+    page = client.get("/admin/gateway/usage/?tenant=acme")
+    assert page.status_code == 200 and "34" in page.content.decode()
+    row = Usage.objects.get()
+    assert client.post(f"/admin/gateway/usage/{row.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert client.get("/admin/gateway/usage/add/").status_code == 403

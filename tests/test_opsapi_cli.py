@@ -15,7 +15,9 @@ import requests
 import time_machine
 from django.db import OperationalError, connection
 
+from gateway import usage
 from gateway.models import ApiKey, Tenant, key_digest
+from gateway.usage import Counted
 from inventory.models import Deployment, Node
 from inventory.reconcile import reconcile
 from llmgwctl.main import main
@@ -215,3 +217,33 @@ def test_keys_create_list_revoke(capsys, logged_in):
     assert run(capsys, "keys", "list", "--tenant", "acme")[1].count("revoked") == 1
     code, _, err = run(capsys, "keys", "create", "nobody")
     assert code != 0 and "tenant" in err
+
+
+def test_tenants_create_set_and_clear_limits(capsys, logged_in):
+    code, out, _ = run(capsys, "tenants", "create", "acme", "--rps", "5")
+    assert code == 0 and "acme" in out
+    assert Tenant.objects.get().requests_per_second == 5
+    code, out, _ = run(capsys, "tenants", "set", "acme", "--concurrent", "2")
+    tenant = Tenant.objects.get()
+    # Only what was given changes: the rate stays.
+    assert code == 0 and (tenant.requests_per_second, tenant.concurrent_requests) == (5, 2)
+    assert run(capsys, "tenants", "set", "acme", "--rps", "none")[0] == 0
+    assert Tenant.objects.get().requests_per_second is None
+    code, out, _ = run(capsys, "tenants")
+    assert run(capsys, "tenants", "set", "acme", "--tpd", "1000")[0] == 0
+    code, out, _ = run(capsys, "tenants")
+    assert code == 0 and out.splitlines()[1].split() == ["acme", "active", "—", "2", "—", "1000", "0"]
+    with pytest.raises(SystemExit) as exited:
+        main(["tenants", "set", "acme", "--rps", "-3"])
+    assert exited.value.code == 2 and "--rps" in capsys.readouterr().err
+    code, _, err = run(capsys, "tenants", "set", "nobody", "--rps", "1")
+    assert code == 4 and "nobody" in err
+
+
+def test_usage_prints_a_tenants_tokens(capsys, logged_in):
+    usage.record({("acme", "chat", "r1"): Counted(2, 10, 20), ("other", "chat", "r1"): Counted(1, 1, 1)})
+    code, out, _ = run(capsys, "usage", "--tenant", "acme", "--since", "24h")
+    assert code == 0 and out.splitlines()[1].split() == ["acme", "chat", "r1", "2", "10", "20"]
+    assert len(out.splitlines()) == 2
+    code, _, err = run(capsys, "usage", "--since", "soon")
+    assert code != 0 and "since" in err

@@ -8,14 +8,32 @@ from gateway.models import ApiKey, Tenant
 
 
 class TenantSerializer(serializers.ModelSerializer):
-    """A tenant; made with a name (and active, true unless said)."""
+    """A tenant; made with a name (active unless said; no limits unless set). Limits are per gateway; null: none."""
 
     keys = serializers.IntegerField(source="usable_keys", read_only=True, help_text="Keys not revoked.")
 
     class Meta:
         model = Tenant
-        fields = ("name", "active", "created_at", "keys")
+        fields = (
+            "name",
+            "active",
+            "requests_per_second",
+            "concurrent_requests",
+            "tokens_per_minute",
+            "tokens_per_day",
+            "created_at",
+            "keys",
+        )
         read_only_fields = ("created_at",)
+
+
+class TenantChange(serializers.ModelSerializer):
+    """What may change on a tenant: whether it is active, its limits (null: none). Gateways apply it within a second."""
+
+    class Meta:
+        model = Tenant
+        fields = ("active", "requests_per_second", "concurrent_requests", "tokens_per_minute", "tokens_per_day")
+        extra_kwargs = {name: {"required": False} for name in fields}
 
 
 class KeySerializer(serializers.Serializer):

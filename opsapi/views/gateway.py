@@ -21,11 +21,13 @@ from opsapi.serializers.gateway import (
     KeyListParams,
     KeySerializer,
     NewKeySerializer,
+    TenantChange,
     TenantSerializer,
     key_fields,
 )
 from opsapi.views.base import REFUSALS, OpsView, body, params
 
+TENANT_NAME = OpenApiParameter("name", str, OpenApiParameter.PATH, description="The tenant's name.")
 KEY_ID = OpenApiParameter("key_id", int, OpenApiParameter.PATH, description="The key's id.")
 
 
@@ -54,6 +56,44 @@ class TenantList(OpsView):
             log_action(request.auth, tenant, ADDITION, "created")
         tenant.usable_keys = 0
         return Response(TenantSerializer(tenant).data, status=201)
+
+
+def tenant_named(name: str) -> Tenant:
+    tenant = Tenant.objects.annotate(usable_keys=Count("keys", filter=Q(keys__revoked_at__isnull=True)))
+    found = tenant.filter(name=name).first()
+    if found is None:
+        raise NotFound(f"no tenant {name}")
+    return found
+
+
+class TenantDetail(OpsView):
+    @extend_schema(
+        operation_id="tenants_read",
+        parameters=[TENANT_NAME],
+        responses={200: TenantSerializer, 404: ErrorSerializer, **REFUSALS},
+    )
+    def get(self, request: Request, name: str) -> Response:
+        return Response(TenantSerializer(tenant_named(name)).data)
+
+    @extend_schema(
+        operation_id="tenants_change",
+        parameters=[TENANT_NAME],
+        request=TenantChange,
+        responses={200: TenantSerializer, 404: ErrorSerializer, **REFUSALS},
+        summary="Change a tenant's limits or whether it is active: the gateways apply it within a second",
+    )
+    def patch(self, request: Request, name: str) -> Response:
+        require_perm(request, "gateway.change_tenant")
+        tenant = tenant_named(name)
+        changes = body(TenantChange, request)
+        for field, value in changes.items():
+            setattr(tenant, field, value)
+        valid(tenant)
+        with transaction.atomic():
+            tenant.save(update_fields=list(changes))
+            told = ", ".join(f"{field} {value}" for field, value in sorted(changes.items()))
+            log_action(request.auth, tenant, CHANGE, f"changed: {told}" if told else "unchanged")
+        return Response(TenantSerializer(tenant).data)
 
 
 class KeyList(OpsView):

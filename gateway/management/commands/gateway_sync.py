@@ -1,7 +1,8 @@
 """`manage.py gateway_sync --dir var/gateway --bind 127.0.0.1:8090`: program one gateway HAProxy, every second.
 
 One per gateway instance, beside its HAProxy (started in master-worker mode with the
-config and sockets in the same directory). docs/gateway.md has the whole picture.
+config and sockets in the same directory). Each pass also records the tokens its HAProxy
+counted and writes the tenants' limits and spent budgets. docs/gateway.md has the whole picture.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from pathlib import Path
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
+from prometheus_client import start_http_server
 
 from gateway import haproxy_config, wanted, weights
 from gateway.haproxy_config import MAX_BODY, Frontend, Paths
@@ -40,6 +42,11 @@ class Command(BaseCommand):
             "--name", default="", help="this gateway's name in its in-flight reports (default: host name and --bind)"
         )
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
+        parser.add_argument(
+            "--metrics",
+            metavar="HOST:PORT",
+            help="serve the gateway's llmgw_gateway_* series for Prometheus here, e.g. 127.0.0.1:9491",
+        )
         parser.add_argument("--render-only", action="store_true", help="write the files once and exit")
 
     def handle(self, *args, **options):
@@ -63,4 +70,12 @@ class Command(BaseCommand):
             report_in_flight=lambda counts: inflight.report(name, counts),
             read_queues=weights.queues,
         )
+        if options["metrics"]:
+            host, _, port = options["metrics"].rpartition(":")
+            if not host or not port.isdigit():
+                raise CommandError("--metrics must be HOST:PORT, e.g. 127.0.0.1:9491")
+            try:
+                start_http_server(int(port), addr=host, registry=sync.metrics.registry)
+            except OSError as exc:
+                raise CommandError(f"--metrics {options['metrics']}: {exc.strerror}") from None
         loop(sync, interval=options["interval"])

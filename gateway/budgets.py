@@ -1,0 +1,46 @@
+"""Token budgets: which tenants have spent their tokens for this minute or this day (UTC).
+
+Read by the sync each pass (gateway.wanted) into the gateway's budget map, so a tenant over its
+budget is refused (429) within about a second of its usage being recorded, on every gateway.
+A day starts at midnight UTC and a minute at its 00 second: the clock's time zone, or a local
+clock change at midnight, does not move them.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from gateway.models import Tenant, TokenMinute, Usage
+
+MINUTE = 60
+DAY = 86_400
+
+
+def spent(now: datetime | None = None) -> dict[str, str]:
+    """Tenant → `window:limit:seconds in the window` for each active tenant whose budget is spent."""
+    now = now or timezone.now()
+    minute = now.replace(second=0, microsecond=0)
+    midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    tenants = Tenant.objects.filter(active=True).exclude(tokens_per_minute__isnull=True, tokens_per_day__isnull=True)
+    budgets = list(tenants.values_list("name", "tokens_per_minute", "tokens_per_day"))
+    if not budgets:
+        return {}
+    names = [name for name, _, _ in budgets]
+    this_minute = dict(TokenMinute.objects.filter(tenant__in=names, minute=minute).values_list("tenant", "tokens"))
+    today = dict(
+        Usage.objects.filter(tenant__in=names, hour__gte=midnight)
+        .values("tenant")
+        .annotate(tokens=Sum(F("prompt_tokens") + F("completion_tokens")))
+        .values_list("tenant", "tokens")
+    )
+    over = {}
+    for name, per_minute, per_day in budgets:
+        # The day's budget first: it holds longer, so its Retry-After is the truer one.
+        if per_day is not None and today.get(name, 0) >= per_day:
+            over[name] = f"day:{per_day}:{DAY}"
+        elif per_minute is not None and this_minute.get(name, 0) >= per_minute:
+            over[name] = f"minute:{per_minute}:{MINUTE}"
+    return over
