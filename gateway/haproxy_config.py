@@ -8,6 +8,7 @@ comes back serving what it served before.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -153,6 +154,11 @@ ERRORS: dict[int, tuple[str, str, str]] = {
     504: ("Gateway Timeout", "The model's engine did not answer in time", "server_error"),
 }
 RETRY_AFTER = {429: 1, 503: 1}
+
+
+def key_digest(key: str) -> str:
+    """The digest HAProxy computes of the bearer token (`sha2(256),hex,lower`): what the keys map holds."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def error_page(status: int, max_body: int = MAX_BODY) -> bytes:
