@@ -13,7 +13,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 
 from gateway import haproxy_config, wanted, weights
-from gateway.haproxy_config import MAX_BODY, Frontend, Paths
+from gateway.haproxy_config import MAX_BODY, REQUEST_TIMEOUT, Frontend, Paths
 from gateway.sync import Sync, loop
 from livestate import inflight
 
@@ -37,6 +37,12 @@ class Command(BaseCommand):
             help=f"the largest request body routed, in bytes ({MAX_BODY}); larger ones get 413",
         )
         parser.add_argument(
+            "--request-timeout",
+            type=int,
+            default=REQUEST_TIMEOUT,
+            help=f"seconds a client has to send its whole request ({REQUEST_TIMEOUT}); slower ones get 408",
+        )
+        parser.add_argument(
             "--name", default="", help="this gateway's name in its in-flight reports (default: host name and --bind)"
         )
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
@@ -46,7 +52,9 @@ class Command(BaseCommand):
         paths = Paths(options["dir"].resolve())
         if not 1024 <= options["max_body"] <= 16 * 2**20:
             raise CommandError("--max-body must be from 1024 to 16777216 bytes")
-        frontend = Frontend(options["bind"], options["max_body"])
+        if not 1 <= options["request_timeout"] <= 600:
+            raise CommandError("--request-timeout must be from 1 to 600 seconds")
+        frontend = Frontend(options["bind"], options["max_body"], options["request_timeout"])
         if options["render_only"]:
             try:
                 desired = read_desired()
