@@ -62,16 +62,16 @@ class RealGateway:
     def __enter__(self) -> RealGateway:
         # As a new gateway starts: an empty config first, then the sync brings the backends and servers.
         haproxy_config.write_all(self.paths, self.frontend, Desired())
-        self.process = subprocess.Popen(
+        process = self.process = subprocess.Popen(
             devgateway.haproxy_command(self.paths.directory),
             env={**os.environ, **self.env},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
         try:
-            wait_until(lambda: self.process.poll() is not None or self.listening(), 10, "the gateway to listen")
-            if self.process.poll() is not None:
-                raise RuntimeError(f"haproxy exited: {self.process.stderr.read().decode()}")
+            wait_until(lambda: process.poll() is not None or self.listening(), 10, "the gateway to listen")
+            if process.poll() is not None:
+                raise RuntimeError(f"haproxy exited: {process.communicate()[1].decode()}")
             done = Sync(self.paths, self.frontend, lambda: self.wanted).run_once()
             if done.errors:
                 raise RuntimeError(f"the gateway's sync failed: {done.errors}")
