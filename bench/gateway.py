@@ -6,12 +6,14 @@ One client (bench/standin/client.py) calls stand-in engines by each route below,
 turns within each round so that a busy moment of the shared machine hits all alike:
 
 - direct: the engine itself, with its replica secret;
-- gateway: HAProxy configured as the gateway (`nbthread 1`; a tenant's key checked as
-  a SHA-256 digest in a map of 1,000 keys; the backend chosen from the body's `model`
-  through a map of three models; leastconn; `retry-on conn-failure empty-response 503`
-  with `option redispatch`; `option http-no-delay`; the replica secret put on the way out);
-- gateway-malloc and gateway-16k: the same with glibc's mmap threshold raised for HAProxy,
-  and with HAProxy's default 16 KiB buffer instead of 256 KiB (see MALLOC below);
+- gateway: the gateway as production runs it (bench/standin/real_gateway.py): deploy/gateway.cfg
+  rendered by gateway/haproxy_config.py (`nbthread 1`; a tenant's key checked as a SHA-256
+  digest in a map of 1,000 keys; the backend chosen from the body's `model` through a map of
+  three models; the 400/404/413 rules; leastconn; `retry-on conn-failure empty-response 503`
+  with `option redispatch`; `option http-no-delay`; the engine secret put on the way out),
+  HAProxy started as devstack starts it (glibc's allocator fixed), its servers added by the
+  gateway's sync; `--max-body` at its default, 256 KiB (a 272 KiB buffer);
+- gateway-16k: the same with `--max-body 16384` (a 32 KiB buffer): what a smaller limit saves;
 - litellm: LiteLLM's proxy (`litellm[proxy]==1.108.7`, its own venv in var/, installed
   on the first run) with its master key, serving the same three models.
 
@@ -28,7 +30,7 @@ spends 50 ms on the prompt and then sends 20 tokens a second. Measured:
 4. requests one gateway core carries a second: requests over HAProxy's CPU seconds
    (schedstat, all threads) with 64 streams at once against `instant`, streamed and not;
 5. HAProxy's resident memory with 1,000 streams open through it (a token a second
-   each), at the gateway's buffer size (256 KiB) and at HAProxy's default (16 KiB).
+   each), at each body limit in MEMORY_BODIES (the buffer is the limit and 16 KiB).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import psutil
 
@@ -48,7 +49,8 @@ from bench.agent_cost import cpu_ns, write_results
 from bench.standin import client, litellm
 from bench.standin.engine import Pace
 from bench.standin.fleet import Fleet
-from bench.standin.proxy import GATEWAY_BUFSIZE, HAProxy, gateway_config, write_maps
+from bench.standin.real_gateway import RealGateway, desired
+from gateway.haproxy_config import HEADER_ROOM, MAX_BODY
 
 TENANT_KEY = "llmgw-bench-tenant-key"
 REPLICA_SECRET = "replica-secret-bench"
@@ -64,15 +66,12 @@ PACES = {
 }
 # Streams held open for the memory figure: a token a second each, so a thousand cost the engine little.
 TRICKLE = Pace(slots=4096, decode_tps=1, prefill_tps=4000, cache_tokens=0)
-DEFAULT_BUFSIZE = 16384
-# The gateway as configured, and two variants. A 256 KiB buffer is above glibc malloc's mmap
-# threshold (128 KiB), so HAProxy 2.6 maps and unmaps a buffer for each request, page faults
-# and all; raising the threshold for HAProxy's process keeps them in its heap. The other variant
-# is HAProxy's default buffer, which also holds less memory for each open stream.
-MALLOC = "gateway-malloc"
+# The gateway at its default body limit, and at a smaller one: the buffer, sized from the limit,
+# is most of its memory per open stream and much of its CPU per request.
+SMALL_BODY = 16384
 SMALL = "gateway-16k"
-GATEWAYS = ("gateway", MALLOC, SMALL)
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "4194304", "MALLOC_TRIM_THRESHOLD_": "67108864"}
+GATEWAYS = ("gateway", SMALL)
+MEMORY_BODIES = (MAX_BODY, 65536, SMALL_BODY)
 QUESTION = [{"role": "user", "content": " ".join(["Name three colours."] * 50)}]
 TOKENS = 8
 
@@ -191,15 +190,10 @@ async def open_streams(port: int, streams: int, pid: int) -> tuple[int, int, int
     return idle, held, opened
 
 
-def gateway(fleets: dict[str, Fleet], bufsize: int | None = None, env: dict[str, str] | None = None) -> HAProxy:
-    def render(port: int, sock: Path) -> str:
-        maps = sock.parent / "maps"
-        keys = {"bench": TENANT_KEY, **{f"tenant-{i}": f"key-{i}" for i in range(OTHER_TENANTS)}}
-        write_maps(maps, keys, list(fleets))
-        models = {model: fleet.servers() for model, fleet in fleets.items()}
-        return gateway_config(port, models, sock, maps, REPLICA_SECRET, bufsize=bufsize)
-
-    return HAProxy(render, env=env)
+def gateway(fleets: dict[str, Fleet], max_body: int = MAX_BODY) -> RealGateway:
+    keys = {"bench": TENANT_KEY, **{f"tenant-{i}": f"key-{i}" for i in range(OTHER_TENANTS)}}
+    models = {model: fleet.servers() for model, fleet in fleets.items()}
+    return RealGateway(desired(models, REPLICA_SECRET, keys), max_body)
 
 
 async def measure(args) -> dict:
@@ -214,12 +208,10 @@ async def measure(args) -> dict:
         }
         ports = {model: fleet.ports[0] for model, fleet in fleets.items()}
         proxy = stack.enter_context(gateway(fleets))
-        tuned = stack.enter_context(gateway(fleets, env=MALLOC_ENV))
-        small = stack.enter_context(gateway(fleets, bufsize=DEFAULT_BUFSIZE))
+        small = stack.enter_context(gateway(fleets, SMALL_BODY))
         routes = [
             Route("direct", ports, REPLICA_SECRET),
             Route("gateway", dict.fromkeys(ports, proxy.port), TENANT_KEY, proxy.pid),
-            Route(MALLOC, dict.fromkeys(ports, tuned.port), TENANT_KEY, tuned.pid),
             Route(SMALL, dict.fromkeys(ports, small.port), TENANT_KEY, small.pid),
         ]
         if use_litellm:
@@ -239,15 +231,15 @@ async def measure(args) -> dict:
             results["litellm_rss"] = rss_tree(peer.pid)
         print("  a gateway core's rate…", flush=True)
         for stream in (True, False):
-            found = await in_turns(routes[1:4], "instant", stream, 64, many, 1)
+            found = await in_turns(routes[1 : 1 + len(GATEWAYS)], "instant", stream, 64, many, 1)
             for name, figures in found.items():
                 results[f"core {'stream' if stream else 'whole'} {name}"] = figures
-    for bufsize in (GATEWAY_BUFSIZE, DEFAULT_BUFSIZE):
-        print(f"  {args.streams} streams open, tune.bufsize {bufsize}…", flush=True)
+    for max_body in MEMORY_BODIES:
+        print(f"  {args.streams} streams open, --max-body {max_body}…", flush=True)
         with contextlib.ExitStack() as stack:
             fleet = stack.enter_context(Fleet([1.0], TRICKLE, model="trickle", api_key=REPLICA_SECRET))
-            proxy = stack.enter_context(gateway({"trickle": fleet}, bufsize=bufsize))
-            results[f"rss_{bufsize}"] = await open_streams(proxy.port, args.streams, proxy.pid)
+            proxy = stack.enter_context(gateway({"trickle": fleet}, max_body))
+            results[f"rss_{max_body}"] = await open_streams(proxy.port, args.streams, proxy.pid)
     return results
 
 
@@ -328,17 +320,19 @@ def report(results: dict, args) -> list[dict]:
             what = f"streamed answers of {TOKENS} tokens" if kind == "stream" else "answers not streamed"
             print(f"{name}: {per_core:,.0f} {what} per core-second (HAProxy nbthread 1, 64 at once)")
             add(f"{name}_requests_per_core_second_{kind}", per_core, "requests/s", better="higher")
-    for bufsize in (GATEWAY_BUFSIZE, DEFAULT_BUFSIZE):
-        idle, held, opened = results[f"rss_{bufsize}"]
+    for max_body in MEMORY_BODIES:
+        idle, held, opened = results[f"rss_{max_body}"]
+        bufsize = max_body + HEADER_ROOM
         print(
-            f"gateway, tune.bufsize {bufsize}: RSS {idle / 2**20:.1f} MiB idle, {held / 2**20:.1f} MiB with "
+            f"gateway, --max-body {max_body} (tune.bufsize {bufsize}): RSS {idle / 2**20:.1f} MiB idle, "
+            f"{held / 2**20:.1f} MiB with "
             f"{opened} streams open ({(held - idle) / max(opened, 1) / 1024:.1f} KiB a stream)"
         )
-        add(f"gateway_rss_idle_bufsize_{bufsize}", idle / 2**20, "MiB")
-        add(f"gateway_rss_{args.streams}_streams_bufsize_{bufsize}", held / 2**20, "MiB")
-        add(f"gateway_streams_opened_bufsize_{bufsize}", opened, "streams", args.streams, "higher")
+        add(f"gateway_rss_idle_max_body_{max_body}", idle / 2**20, "MiB")
+        add(f"gateway_rss_{args.streams}_streams_max_body_{max_body}", held / 2**20, "MiB")
+        add(f"gateway_streams_opened_max_body_{max_body}", opened, "streams", args.streams, "higher")
         if opened < args.streams:
-            missed.append(f"only {opened} of {args.streams} streams opened (bufsize {bufsize})")
+            missed.append(f"only {opened} of {args.streams} streams opened (--max-body {max_body})")
     if "litellm_rss" in results:
         print(f"LiteLLM's proxy: RSS {results['litellm_rss'] / 2**20:.0f} MiB after its runs")
         add("litellm_rss", results["litellm_rss"] / 2**20, "MiB")

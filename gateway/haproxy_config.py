@@ -8,6 +8,7 @@ comes back serving what it served before.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import resource
@@ -27,6 +28,9 @@ MAX_BODY = 262_144
 # Room in the buffer beside the body: the headers, and HAProxy's rewrite reserve (tune.maxrewrite).
 HEADER_ROOM = 16_384
 PRODUCTION_MAXCONN = 20_000
+# Seconds a client has to send its whole request, headers and body, before a 408: what a slow
+# (or deliberately slow) client may hold a connection and a buffer for.
+REQUEST_TIMEOUT = 30
 # A replica's weight until engines' load reports set it (load-aware routing, another issue).
 DEFAULT_WEIGHT = 100
 
@@ -101,10 +105,11 @@ class Desired:
 
 @dataclass(frozen=True)
 class Frontend:
-    """How one gateway instance listens: its address, and the largest body it routes."""
+    """How one gateway instance listens: its address, the largest body it routes, how long a request may take."""
 
     bind: str
     max_body: int = MAX_BODY
+    request_timeout: int = REQUEST_TIMEOUT
 
     @property
     def bufsize(self) -> int:
@@ -172,6 +177,11 @@ ERRORS: dict[int, tuple[str, str, str]] = {
     504: ("Gateway Timeout", "The model's engine did not answer in time", "server_error"),
 }
 RETRY_AFTER = {429: 1, 503: 1}
+
+
+def key_digest(key: str) -> str:
+    """The digest HAProxy computes of the bearer token (`sha2(256),hex,lower`): what the keys map holds."""
+    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def error_page(status: int, max_body: int = MAX_BODY) -> bytes:
@@ -250,6 +260,7 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "concurrency_map": str(paths.concurrency_map),
         "budget_map": str(paths.budget_map),
         "max_body": str(frontend.max_body),
+        "request_timeout": f"{frontend.request_timeout}s",
         "errorfiles": "\n".join(f"    errorfile {code} {paths.errors / f'{code}.http'}" for code in ERRORS),
         "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
     }

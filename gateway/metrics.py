@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from gateway.usage import Counted, Key
+from gateway.counted import Counted, Key
 
 LABELS = ("tenant", "model", "replica")
 

@@ -9,7 +9,6 @@ counters in a stick table against them (docs/gateway.md, "Tenants: limits, usage
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 
 from django.core.exceptions import ValidationError
@@ -17,6 +16,8 @@ from django.core.validators import RegexValidator
 from django.db import models
 from django.db.models import Q
 from django.utils import timezone
+
+from gateway.haproxy_config import key_digest
 
 # Keys begin with this, so a secret scanner (or a person) can tell one in a paste.
 PREFIX = "llmgw-sk-"
@@ -29,11 +30,6 @@ TENANT_NAME_VALIDATOR = RegexValidator(
     r"^[a-z0-9][a-z0-9._-]*\Z",
     "lower-case letters, digits, '.', '_' and '-', starting with a letter or digit",
 )
-
-
-def key_digest(key: str) -> str:
-    """The digest HAProxy computes of the bearer token: SHA-256, lower-case hex."""
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 class Tenant(models.Model):

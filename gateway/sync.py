@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway import haproxy_config, usage, weights
+from gateway import counted, haproxy_config, weights
 from gateway.haproxy_config import SERVER_OPTIONS, Backend, Desired, Frontend, Paths, ServerState
 from gateway.metrics import GatewayMetrics
 from gateway.runtime import ActualServer, Runtime, RuntimeError_
@@ -51,9 +51,10 @@ class Sync:
         paths: Paths,
         frontend: Frontend,
         read_desired: Callable[[], Desired],
+        *,
+        record_usage: Callable[[dict[counted.Key, counted.Counted]], None],
         report_in_flight: Callable[[dict[str, int]], None] | None = None,
         read_queues: Callable[[Desired], dict[str, float]] | None = None,
-        record_usage: Callable[[dict[usage.Key, usage.Counted]], None] = usage.record,
     ):
         self.paths = paths
         self.frontend = frontend
@@ -64,7 +65,7 @@ class Sync:
         self.read_queues = read_queues
         self.record_usage = record_usage
         # Tokens taken from HAProxy and not yet written (the database was down): written next pass.
-        self.unrecorded: dict[usage.Key, usage.Counted] = {}
+        self.unrecorded: dict[counted.Key, counted.Counted] = {}
         self.metrics = GatewayMetrics()
         self.runtime = Runtime(paths.admin_socket, paths.master_socket)
         self.desired: Desired | None = None
@@ -112,10 +113,10 @@ class Sync:
 
     def _collect_usage(self, done: Pass) -> None:
         try:
-            taken = usage.take(self.runtime)
+            taken = counted.take(self.runtime)
             self.metrics.taken(taken)
-            for key, counted in taken.items():
-                self.unrecorded.setdefault(key, usage.Counted()).add(counted)
+            for key, amounts in taken.items():
+                self.unrecorded.setdefault(key, counted.Counted()).add(amounts)
         except RuntimeError_ as exc:
             done.errors.append(f"usage not taken: {exc}")
             log.warning("gateway: %s", done.errors[-1])

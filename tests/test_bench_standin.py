@@ -1,4 +1,4 @@
-"""The stand-in engine under bench.routing and bench.gateway, the gateway config they measure, their quick runs."""
+"""The stand-in engine under bench.routing and bench.gateway, the real gateway bench.gateway runs, their quick runs."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from bench.standin import client
 from bench.standin.engine import Pace, Replica, serve
 from bench.standin.fleet import Fleet
-from bench.standin.proxy import HAProxy, gateway_config, write_maps
+from bench.standin.real_gateway import RealGateway, desired
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTANT = Pace(slots=4, decode_tps=0, prefill_tps=0)
@@ -202,11 +202,7 @@ def test_a_client_gone_from_the_queue_leaves_it_at_once():
 
 
 @pytest.mark.slow
-def test_the_gateway_config_checks_keys_routes_by_model_and_adds_the_replica_secret(tmp_path):
-    def render(port: int, sock: Path) -> str:
-        write_maps(tmp_path / "maps", {"tenant": "good-key"}, ["standin"])
-        return gateway_config(port, {"standin": fleet.servers()}, sock, tmp_path / "maps", "replica-secret")
-
+def test_the_benchmarked_gateway_is_programmed_by_the_sync_checks_keys_and_adds_the_engine_secret():
     async def ask(port: int) -> dict:
         other_model = client.chat_body("other", QUESTION, 1, False)
         return {
@@ -216,8 +212,12 @@ def test_the_gateway_config_checks_keys_routes_by_model_and_adds_the_replica_sec
             "unknown model": await raw(port, client.request_bytes("/v1/chat/completions", other_model, "good-key")),
         }
 
-    with Fleet([1.0], INSTANT, api_key="replica-secret") as fleet, HAProxy(render, tmp_path) as proxy:
-        answers = asyncio.run(ask(proxy.port))
+    with Fleet([1.0], INSTANT, api_key="replica-secret") as fleet:
+        wanted = desired({"standin": fleet.servers()}, "replica-secret", {"tenant": "good-key"})
+        with RealGateway(wanted) as proxy:
+            # Added by the sync over the Runtime API, as production's servers are.
+            assert set(proxy.runtime.servers()["m_standin"]) == {"standin-r0"}
+            answers = asyncio.run(ask(proxy.port))
     assert answers["good"][0] == 200 and events(answers["good"][1])[-1] == "[DONE]"
     assert answers["no key"][0] == answers["bad key"][0] == 401
     assert json.loads(answers["bad key"][1])["error"]["code"] == "invalid_api_key"

@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import requests
 from devstack import gateway as devgateway
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
-from gateway import haproxy_config, wanted
+from gateway import haproxy_config, usage, wanted
 from gateway.haproxy_config import Desired, Frontend, Paths
 from gateway.models import ApiKey, Tenant
 from gateway.runtime import Runtime, RuntimeError_, ask
@@ -73,12 +75,17 @@ class Engine:
 class Gateway:
     """One gateway instance: its HAProxy started as devstack starts it, and its sync."""
 
-    def __init__(self, directory: Path, max_body: int = haproxy_config.MAX_BODY):
+    def __init__(
+        self,
+        directory: Path,
+        max_body: int = haproxy_config.MAX_BODY,
+        request_timeout: int = haproxy_config.REQUEST_TIMEOUT,
+    ):
         self.port = free_port()
         self.paths = Paths(directory)
-        self.frontend = Frontend(f"127.0.0.1:{self.port}", max_body)
+        self.frontend = Frontend(f"127.0.0.1:{self.port}", max_body, request_timeout)
         haproxy_config.write_all(self.paths, self.frontend, Desired())
-        self.sync = Sync(self.paths, self.frontend, wanted.read)
+        self.sync = Sync(self.paths, self.frontend, wanted.read, record_usage=usage.record)
         self.start()
 
     def start(self) -> None:
@@ -259,6 +266,73 @@ def test_bad_requests_get_openai_shaped_errors(gateway, engine, key):
         assert error["code"] == code
     assert gateway.post("/v1/embeddings", CHAT, key).status_code == 404
     assert running.tokens_generated() == before
+
+
+@pytest.mark.django_db
+def test_the_model_routed_on_is_the_top_level_first_one(gateway, engine, key):
+    # HAProxy's json_query reads the first top-level `model`; a duplicate or a nested one cannot send the
+    # request to another deployment's engines (the secret added is the first model's deployment's).
+    chat = one_engine(gateway, engine)
+    replica = serve("gw-2", 0, served="other")
+    other = engine(replica.deployment.name)
+    Shard.objects.filter(replica=replica).update(port=other.port)
+    gateway.program()
+    messages = b'"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4'
+    tool = b'"tools": [{"type": "function", "function": {"name": "pick", "parameters": {"type": "object", '
+    tool += b'"properties": {"model": {"type": "string", "enum": ["chat"]}}}}}]'
+    cases = [
+        (b'{"model": "other", ' + messages + b', "model": "chat"}', 200, other),
+        (b'{"model": "chat", ' + messages + b', "model": "other"}', 200, chat),
+        (b'{"model": "nope", ' + messages + b', "model": "chat"}', 404, None),
+        (b'{"metadata": {"model": "chat"}, ' + messages + b"}", 400, None),
+        (b'{"model": "other", ' + tool + b", " + messages + b"}", 200, other),
+    ]
+    for body, status, reached in cases:
+        before = {name: e.tokens_generated() for name, e in (("chat", chat), ("other", other))}
+        answer = gateway.post("/v1/chat/completions", body, key)
+        assert answer.status_code == status, (body, answer.text)
+        after = {name: e.tokens_generated() for name, e in (("chat", chat), ("other", other))}
+        assert {name: after[name] - before[name] for name in after} == {
+            "chat": 4 if reached is chat else 0,
+            "other": 4 if reached is other else 0,
+        }, body
+
+
+def send_slowly(port: int, key: str, parts: list[bytes]) -> tuple[bytes, float]:
+    """`parts` sent, then nothing more: what HAProxy answers, and after how long."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        for part in parts:
+            sock.sendall(part.replace(b"KEY", key.encode()))
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer, time.monotonic() - started
+
+
+@pytest.mark.django_db
+def test_a_client_too_slow_to_send_its_request_gets_408_and_reaches_no_engine(tmp_path, engine, key):
+    slow = Gateway(tmp_path / "slow", request_timeout=1)
+    try:
+        running = one_engine(slow, engine)
+        before = running.tokens_generated()
+        body = json.dumps(CHAT).encode()
+        head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nAuthorization: Bearer KEY\r\n"
+        for parts, openai_shaped in (
+            # Headers that never finish: answered by HAProxy's connection layer with its own HTML page
+            # (HAProxy 2.6 applies no errorfile there), before any rule has run.
+            ([head], False),
+            ([head + b"Content-Length: %d\r\n\r\n" % len(body), body[:20]], True),  # the body stops half way
+            ([head + b"Transfer-Encoding: chunked\r\n\r\n", b"14\r\n" + body[:20] + b"\r\n"], True),
+        ):
+            answer, took = send_slowly(slow.port, key, parts)
+            assert answer.startswith(b"HTTP/1.1 408"), (parts[-1][:40], answer[:200])
+            assert (b'"type": "invalid_request_error"' in answer) == openai_shaped, answer
+            assert 1 <= took < 5
+        assert running.tokens_generated() == before
+        assert slow.post("/v1/chat/completions", CHAT, key).status_code == 200
+    finally:
+        slow.stop()
 
 
 @pytest.mark.django_db

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 
 from devstack.proxy import haproxy_binary
 from devstack.stack import Stack
@@ -35,6 +35,18 @@ def test_render_only_writes_a_private_directory_haproxy_accepts(tmp_path):
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     assert stat.S_IMODE((directory / "gateway.cfg").stat().st_mode) == 0o600
     subprocess.run([haproxy_binary(), "-c", "-q", "-f", str(directory / "gateway.cfg")], check=True)
+
+
+@pytest.mark.django_db
+def test_the_request_timeout_is_rendered_where_haproxy_applies_it_and_bounded(tmp_path):
+    directory = tmp_path / "gw"
+    command = ["gateway_sync", "--dir", str(directory), "--bind", "127.0.0.1:18099", "--render-only"]
+    call_command(*command, "--request-timeout", "5")
+    config = (directory / "gateway.cfg").read_text()
+    assert "timeout http-request 5s" in config and "wait-for-body time 5s" in config
+    for wrong in ("0", "601"):
+        with pytest.raises(CommandError, match="--request-timeout"):
+            call_command(*command, "--request-timeout", wrong)
 
 
 def test_the_stack_gives_prometheus_the_engines_scrape_key(tmp_path):

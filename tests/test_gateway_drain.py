@@ -18,7 +18,7 @@ import requests
 
 from agent import protocol
 from devstack.polling import wait_until
-from gateway import wanted, weights
+from gateway import usage, wanted, weights
 from gateway.haproxy_config import ServerState
 from gateway.models import ApiKey, Tenant
 from gateway.sync import Sync
@@ -125,7 +125,13 @@ def run_on(agents: dict[str, Agent], replica: Replica, options: tuple[str, ...] 
 @pytest.mark.django_db
 def test_a_drained_node_finishes_its_20_streams_before_its_engine_stops(tmp_path, fleet, key, operator):
     gateway = Gateway(tmp_path / "gw")
-    gateway.sync = Sync(gateway.paths, gateway.frontend, wanted.read, lambda c: inflight.report("test", c))
+    gateway.sync = Sync(
+        gateway.paths,
+        gateway.frontend,
+        wanted.read,
+        record_usage=usage.record,
+        report_in_flight=lambda c: inflight.report("test", c),
+    )
     try:
         first, second = Replica.objects.order_by("ordinal")
         assert first.shards.get().node_id != second.shards.get().node_id

@@ -14,8 +14,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import close_old_connections
 from prometheus_client import start_http_server
 
-from gateway import haproxy_config, wanted, weights
-from gateway.haproxy_config import MAX_BODY, Frontend, Paths
+from gateway import haproxy_config, usage, wanted, weights
+from gateway.haproxy_config import MAX_BODY, REQUEST_TIMEOUT, Frontend, Paths
 from gateway.sync import Sync, loop
 from livestate import inflight
 
@@ -39,6 +39,12 @@ class Command(BaseCommand):
             help=f"the largest request body routed, in bytes ({MAX_BODY}); larger ones get 413",
         )
         parser.add_argument(
+            "--request-timeout",
+            type=int,
+            default=REQUEST_TIMEOUT,
+            help=f"seconds a client has to send its whole request ({REQUEST_TIMEOUT}); slower ones get 408",
+        )
+        parser.add_argument(
             "--name", default="", help="this gateway's name in its in-flight reports (default: host name and --bind)"
         )
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
@@ -53,7 +59,9 @@ class Command(BaseCommand):
         paths = Paths(options["dir"].resolve())
         if not 1024 <= options["max_body"] <= 16 * 2**20:
             raise CommandError("--max-body must be from 1024 to 16777216 bytes")
-        frontend = Frontend(options["bind"], options["max_body"])
+        if not 1 <= options["request_timeout"] <= 600:
+            raise CommandError("--request-timeout must be from 1 to 600 seconds")
+        frontend = Frontend(options["bind"], options["max_body"], options["request_timeout"])
         if options["render_only"]:
             try:
                 desired = read_desired()
@@ -67,6 +75,7 @@ class Command(BaseCommand):
             paths,
             frontend,
             read_desired,
+            record_usage=usage.record,
             report_in_flight=lambda counts: inflight.report(name, counts),
             read_queues=weights.queues,
         )

@@ -1,0 +1,111 @@
+"""A factual question through the gateway with a tenant's key, answered by a real engine running a real model.
+
+llama-server (the agent's install, from the shared cache) serves SmolLM2-135M-Instruct with its
+deployment's secret set as the agent sets it (LLMGW_ENGINE_API_KEY, which the engine record's
+`environment()` hands to llama-server as LLAMA_API_KEY); a gateway (HAProxy on deploy/gateway.cfg,
+programmed by the sync from the database) routes the served model `smollm2` to it. The fixtures
+are tests/test_engine_llama_cpp.py's: warm, the engine and the model come from ~/.cache/llmgw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import urllib.request
+
+import pytest
+import requests
+
+from agent import enginekinds
+from agent.enginekinds import Launch
+from agent.enginekinds.record import API_KEY_ENV
+from devstack.polling import wait_until
+from devstack.ports import free_port
+from gateway.models import ApiKey, Tenant
+from inventory.models import Shard
+from tests.test_engine_llama_cpp import DEMO_ARGUMENTS, VERSION, healthy, llama_server, model  # noqa: F401
+from tests.test_gateway import Gateway, serve
+
+pytestmark = pytest.mark.slow
+
+QUESTION = {
+    "model": "smollm2",
+    "messages": [{"role": "user", "content": "What is the capital of France?"}],
+    "max_tokens": 32,
+    "temperature": 0,
+}
+
+
+def start_engine(bin_dir, model_path, secret: str) -> tuple[subprocess.Popen, int]:
+    """llama-server as the agent's runner starts it: the record's command line and environment."""
+    port = free_port()
+    launch = Launch(str(model_path), port, host="127.0.0.1", threads=2, parallel=1, extra=DEMO_ARGUMENTS)
+    command = enginekinds.command_line("llama.cpp", launch, VERSION, prefix=[str(bin_dir / "llama-server")])
+    env = enginekinds.get("llama.cpp").environment({**os.environ, API_KEY_ENV: secret})
+    assert env["LLAMA_API_KEY"] == secret
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    return process, port
+
+
+def engine_requests(port: int, secret: str) -> float:
+    """Prompt tokens the engine has read: unchanged when no request reached it (its /metrics takes the secret)."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {secret}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    return sum(
+        float(line.rpartition(" ")[2]) for line in text.splitlines() if line.startswith("llamacpp:prompt_tokens_total")
+    )
+
+
+def ask(gateway: Gateway, body: dict, key: str | None, stream: bool = False) -> requests.Response:
+    # Generation on two shared cores: longer than the other gateway tests' 10 s.
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return requests.post(gateway.url("/v1/chat/completions"), json=body, headers=headers, stream=stream, timeout=300)
+
+
+@pytest.mark.django_db
+def test_the_capital_of_france_through_the_gateway_with_a_key(llama_server, model, tmp_path):  # noqa: F811
+    replica = serve("cpu-node", 0, served="smollm2")
+    secret = replica.deployment.engine_secret
+    tenant_key = ApiKey(tenant=Tenant.objects.create(name="acme"))
+    key = tenant_key.issue()
+    tenant_key.save()
+    process, port = start_engine(llama_server, model, secret)
+    gateway = Gateway(tmp_path / "gw")
+    try:
+        wait_until(lambda: process.poll() is not None or healthy(port), 300, "the model to load")
+        assert process.poll() is None, "llama-server exited"
+        # The engine refuses anyone without its deployment's secret: only the gateway reaches it.
+        direct = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=QUESTION, timeout=10)
+        assert direct.status_code == 401
+        Shard.objects.filter(replica=replica).update(port=port)
+        gateway.program()
+
+        answer = ask(gateway, QUESTION, key)
+        assert answer.status_code == 200, answer.text
+        (choice,) = answer.json()["choices"]
+        assert "Paris" in choice["message"]["content"], answer.json()
+        read = engine_requests(port, secret)
+
+        refused = ask(gateway, QUESTION, None)
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        assert engine_requests(port, secret) == read
+
+        streamed = ask(gateway, {**QUESTION, "stream": True}, key, stream=True)
+        assert streamed.status_code == 200 and streamed.headers["Content-Type"].startswith("text/event-stream")
+        events = [line.removeprefix(b"data: ") for line in streamed.iter_lines() if line]
+        assert events[-1] == b"[DONE]"
+        words = "".join(
+            (chunk["choices"][0]["delta"].get("content") or "")
+            for chunk in map(json.loads, events[:-1])
+            if chunk["choices"]
+        )
+        assert "Paris" in words, words
+    finally:
+        gateway.stop()
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
