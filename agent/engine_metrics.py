@@ -19,7 +19,7 @@ from agent.engine_templates import version_key
 
 
 class Signal(StrEnum):
-    """llmgw's names: the recorded series, labelled node, shard, replica, model and engine."""
+    """llmgw's names: the recorded series, labelled node, shard, replica, model, engine and served_model."""
 
     REQUESTS_WAITING = "llmgw:shard_queue_depth"
     REQUESTS_RUNNING = "llmgw:shard_requests_running"
@@ -49,7 +49,7 @@ class Names:
 
 
 # The labels the control plane's service discovery puts on every engine target.
-LABELS = ("node", "shard", "replica", "model", "engine")
+LABELS = ("node", "shard", "replica", "model", "engine", "served_model")
 RATE_WINDOW = "1m"
 
 _VLLM_BEFORE_0_10 = {

@@ -33,7 +33,7 @@ def main() -> int:
         stack.manage("setup_demo", "--var-dir", str(var), capture=True)
         stack.fetch_demo_model()
         stack.start(stack.agent_part())
-        for part in gateway.parts(stack):
+        for part in gateway.parts(stack, metrics_port=gateway.METRICS_PORT):
             stack.start(part)
         demo_key = gateway.demo_key(stack)
     except Exception as exc:
@@ -50,6 +50,7 @@ def main() -> int:
     backends = ", ".join(f"127.0.0.1:{b.port}" for b in stack.backends)
     print(f"  proxy          HAProxy at {base}, in front of granian at {backends} ({stack.var / 'haproxy.cfg'})")
     print(f"  gateway        http://127.0.0.1:{gateway.DEFAULT_PORT}/v1 (OpenAI API; HAProxy, {stack.var / 'gateway'})")
+    print(f"  gateway series http://127.0.0.1:{gateway.METRICS_PORT}/metrics (HAProxy's exporter, for Prometheus)")
     if "prometheus" in stack.parts:
         print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
     print(f"  redis          {stack.env['REDIS_URL']}" + (" (started here)" if redis else " (already running)"))

@@ -96,6 +96,8 @@ class Frontend:
 
     bind: str
     max_body: int = MAX_BODY
+    # Where Prometheus scrapes the gateway's own series (HAProxy's exporter); empty: not exported.
+    metrics_bind: str = ""
 
     @property
     def bufsize(self) -> int:
@@ -188,6 +190,20 @@ def server_line(server: Server) -> str:
     return line + (" disabled" if server.state != ServerState.READY else "")
 
 
+def metrics_section(frontend: Frontend) -> str:
+    """HAProxy's built-in Prometheus exporter on its own address, apart from the clients' port (docs/gateway.md)."""
+    if not frontend.metrics_bind:
+        return ""
+    lines = [
+        "frontend metrics",
+        f"    bind {frontend.metrics_bind}",
+        "    no log",
+        "    http-request use-service prometheus-exporter if { path /metrics }",
+        "    http-request return status 404 content-type text/plain string 'Only /metrics here'",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def backend_section(backend: Backend) -> str:
     lines = [
         f"backend {backend.name}",
@@ -216,6 +232,7 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "catalog_map": str(paths.catalog_map),
         "max_body": str(frontend.max_body),
         "errorfiles": "\n".join(f"    errorfile {code} {paths.errors / f'{code}.http'}" for code in ERRORS),
+        "metrics": metrics_section(frontend),
         "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
     }
     for name, value in fields.items():

@@ -74,8 +74,9 @@ class Gateway:
 
     def __init__(self, directory: Path, max_body: int = haproxy_config.MAX_BODY):
         self.port = free_port()
+        self.metrics_port = free_port()
         self.paths = Paths(directory)
-        self.frontend = Frontend(f"127.0.0.1:{self.port}", max_body)
+        self.frontend = Frontend(f"127.0.0.1:{self.port}", max_body, f"127.0.0.1:{self.metrics_port}")
         haproxy_config.write_all(self.paths, self.frontend, Desired())
         self.sync = Sync(self.paths, self.frontend, wanted.read)
         self.start()

@@ -34,6 +34,11 @@ class Command(BaseCommand):
             default=MAX_BODY,
             help=f"the largest request body routed, in bytes ({MAX_BODY}); larger ones get 413",
         )
+        parser.add_argument(
+            "--metrics-bind",
+            default="",
+            help="where HAProxy serves its Prometheus series (/metrics), e.g. 127.0.0.1:8091; none when empty",
+        )
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
         parser.add_argument("--render-only", action="store_true", help="write the files once and exit")
 
@@ -41,7 +46,7 @@ class Command(BaseCommand):
         paths = Paths(options["dir"].resolve())
         if not 1024 <= options["max_body"] <= 16 * 2**20:
             raise CommandError("--max-body must be from 1024 to 16777216 bytes")
-        frontend = Frontend(options["bind"], options["max_body"])
+        frontend = Frontend(options["bind"], options["max_body"], options["metrics_bind"])
         if options["render_only"]:
             try:
                 desired = read_desired()
