@@ -19,7 +19,7 @@ from django.http import QueryDict
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from inventory.models import GPU, Node, NodeState, state_order
+from inventory.models import GPU, Deployment, Node, NodeState, state_order
 from inventory.queries import count_per_node, gpu_class_filter, label_filter
 from nodes import promalerts, promengines
 from nodes.views.access import login_required
@@ -221,5 +221,10 @@ def cluster(request):
         "gpu_classes": [row.gpu_class for row in fleet.totals.gpus],
         **table,
     }
+    if not request.htmx:
+        # Links to each served model's page (nodes/views/models.py); not refreshed with the table.
+        context["served_models"] = list(
+            Deployment.objects.order_by("served_model_name").values_list("served_model_name", flat=True)
+        )
     template = "nodes/cluster.html#refresh" if request.htmx else "nodes/cluster.html"
     return render(request, template, context)
