@@ -49,6 +49,8 @@ def ask(socket_path: Path, command: str, timeout: float = 2.0) -> str:
             sock.settimeout(timeout)
             sock.connect(str(socket_path))
             sock.sendall(command.encode() + b"\n")
+            # The master's CLI waits for more commands until the client's side is closed.
+            sock.shutdown(socket.SHUT_WR)
             chunks = []
             while chunk := sock.recv(65536):
                 chunks.append(chunk)
@@ -64,6 +66,13 @@ class Runtime:
 
     def ask(self, command: str) -> str:
         return ask(self.admin_socket, command)
+
+    def worker_pid(self) -> int:
+        """The process answering the admin socket: after a reload, a new one."""
+        for line in self.ask("show info").splitlines():
+            if line.startswith("Pid:"):
+                return int(line.split(":", 1)[1])
+        raise RuntimeError_("show info gave no Pid")
 
     def backends(self) -> set[str]:
         lines = self.ask("show backend").splitlines()

@@ -91,12 +91,16 @@ class Sync:
         return self.loaded_shape != desired.shape()
 
     def _reload(self, desired: Desired, done: Pass) -> None:
+        old_worker = self.runtime.worker_pid()
         self.runtime.reload()
         wanted = {b.name for b in desired.backends.values()}
         deadline = time.monotonic() + RELOAD_DEADLINE
         while time.monotonic() < deadline:
             try:
-                if {n for n in self.runtime.backends() if n.startswith("m_")} == wanted:
+                # The new worker, on the new config, answers the admin socket (a secret's change leaves
+                # the backends' names as they were: the worker's pid tells the new one).
+                new = self.runtime.worker_pid() != old_worker
+                if new and {n for n in self.runtime.backends() if n.startswith("m_")} == wanted:
                     break
             except RuntimeError_:
                 pass  # the new worker's socket is not bound yet

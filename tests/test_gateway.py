@@ -25,7 +25,7 @@ from devstack.ports import free_port, port_open
 from gateway import haproxy_config, wanted
 from gateway.haproxy_config import Desired, Frontend, Paths
 from gateway.models import ApiKey, Tenant
-from gateway.runtime import Runtime
+from gateway.runtime import Runtime, RuntimeError_, ask
 from gateway.sync import Sync
 from inventory.models import GPU, AdminState, Deployment, GPUCondition, Liveness, Node, Replica, ReplicaState, Shard
 from tests import factories
@@ -104,6 +104,20 @@ class Gateway:
         data = body if isinstance(body, bytes | Iterator) else json.dumps(body).encode()
         return requests.post(self.url(path), data=data, headers=headers, timeout=10, **kwargs)
 
+    def program(self):
+        """One sync pass; after a reload, until the old worker has left (for a moment it still takes
+        new connections, answering from the previous config)."""
+        done = self.sync.run_once()
+        if done.reloaded:
+            wait_until(lambda: "# old workers" not in self.processes(), 10, "the old worker to leave")
+        return done
+
+    def processes(self) -> str:
+        try:
+            return ask(self.paths.master_socket, "show proc")
+        except RuntimeError_:
+            return "# old workers: unknown while the master starts again"
+
     def servers(self, backend: str = "m_chat") -> dict:
         return Runtime(self.paths.admin_socket).servers(backend).get(backend, {})
 
@@ -156,7 +170,7 @@ def one_engine(gateway: Gateway, engine, cpu_ms_per_token: float = 0.1) -> Engin
     replica = serve("gw-1", 0)
     running = engine(replica.deployment.name, cpu_ms_per_token)
     Shard.objects.filter(replica=replica).update(port=running.port)
-    gateway.sync.run_once()
+    gateway.program()
     return running
 
 
@@ -275,7 +289,7 @@ def test_a_smaller_body_limit_is_kept_chunked_or_not(tmp_path, engine, key):
 def test_models_lists_what_is_ready_and_a_model_without_replicas_is_503(gateway, engine, key):
     one_engine(gateway, engine)
     factories.deployment("idle", served_model_name="idle")
-    gateway.sync.run_once()
+    assert gateway.program().reloaded
     models = requests.get(gateway.url("/v1/models"), headers={"Authorization": f"Bearer {key}"}, timeout=5).json()
     assert [m["id"] for m in models["data"]] == ["chat"]
     answer = gateway.post("/v1/chat/completions", {**CHAT, "model": "idle"}, key)
@@ -363,15 +377,24 @@ def test_after_an_haproxy_restart_it_serves_the_last_state_then_converges(gatewa
 
 @pytest.mark.django_db
 def test_a_new_deployment_reloads_the_gateway_without_dropping_a_stream(gateway, engine, key):
-    one_engine(gateway, engine)
+    one_engine(gateway, engine, cpu_ms_per_token=5)
     stream = gateway.post("/v1/chat/completions", {**CHAT, "stream": True, "max_tokens": 300}, key, stream=True)
+    lines = stream.iter_lines()
+    assert next(line for line in lines if line).startswith(b"data: ")
     replica = serve("gw-2", 0, served="second")
     second = engine(replica.deployment.name)
     Shard.objects.filter(replica=replica).update(port=second.port)
     done = gateway.sync.run_once()
     assert done.reloaded, done
-    assert gateway.post("/v1/chat/completions", {**CHAT, "model": "second"}, key).status_code == 200
-    assert [line for line in stream.iter_lines() if line][-1] == b"data: [DONE]"
+    # The old worker stays for the stream in flight; new connections go to the new one.
+    assert "# old workers" in gateway.processes()
+
+    def second_answers() -> bool:
+        return gateway.post("/v1/chat/completions", {**CHAT, "model": "second"}, key).status_code == 200
+
+    wait_until(second_answers, 5, "the new model answering")
+    events = [line for line in lines if line]
+    assert events[-1] == b"data: [DONE]" and len(events) == 300
 
 
 @pytest.mark.django_db
@@ -379,7 +402,7 @@ def test_two_gateways_are_each_programmed_and_each_answers(tmp_path, engine, key
     gateways = [Gateway(tmp_path / "a"), Gateway(tmp_path / "b")]
     try:
         one_engine(gateways[0], engine)
-        gateways[1].sync.run_once()
+        gateways[1].program()
         for each in gateways:
             assert each.post("/v1/chat/completions", CHAT, key).status_code == 200
         Node.objects.filter(pk="gw-1").update(admin_state=AdminState.CORDONED)
