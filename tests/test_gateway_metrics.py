@@ -164,5 +164,8 @@ def test_prometheus_records_the_gateways_series_per_served_model_and_replica(tmp
         }
         # HAProxy's own proxies (the clients' frontend, the exporter's) carry no served_model.
         assert prometheus.query('count(haproxy_frontend_http_requests_total{served_model=""})')
+        # Only the families the job keeps are stored: 15 or so series per server, not the exporter's 63.
+        assert prometheus.query("haproxy_server_current_queue")
+        assert not prometheus.query("haproxy_server_max_queue") and not prometheus.query("haproxy_server_status")
     finally:
         prometheus.stop()
