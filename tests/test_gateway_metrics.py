@@ -10,6 +10,7 @@ import shutil
 import pytest
 import requests
 import yaml
+from django.core.management import CommandError, call_command
 
 from devstack.polling import wait_until
 from gateway.models import ApiKey, Tenant
@@ -169,3 +170,32 @@ def test_prometheus_records_the_gateways_series_per_served_model_and_replica(tmp
         assert not prometheus.query("haproxy_server_max_queue") and not prometheus.query("haproxy_server_status")
     finally:
         prometheus.stop()
+
+
+@pytest.mark.parametrize("bind", ["8091", "127.0.0.1", "127.0.0.1:0", "127.0.0.1:99999", "a b:1"])
+def test_a_bad_metrics_address_is_refused_by_name(tmp_path, bind):
+    with pytest.raises(CommandError, match="--metrics-bind must be ADDRESS:PORT"):
+        call_command(
+            "gateway_sync", "--dir", str(tmp_path), "--bind", "127.0.0.1:8090", "--metrics-bind", bind, "--render-only"
+        )
+    assert not (tmp_path / "gateway.cfg").exists()
+
+
+def test_the_metrics_address_becomes_a_frontend_of_its_own(tmp_path, db):
+    call_command(
+        "gateway_sync",
+        "--dir",
+        str(tmp_path),
+        "--bind",
+        "127.0.0.1:8090",
+        "--metrics-bind",
+        "127.0.0.1:8091",
+        "--render-only",
+    )
+    config = (tmp_path / "gateway.cfg").read_text()
+    section = config[config.index("frontend metrics") :].split("\n\n")[0]
+    assert "    bind 127.0.0.1:8091\n" in section
+    assert "use-service prometheus-exporter if { path /metrics }" in section
+    # Without it, no exporter at all.
+    call_command("gateway_sync", "--dir", str(tmp_path), "--bind", "127.0.0.1:8090", "--render-only")
+    assert "prometheus-exporter" not in (tmp_path / "gateway.cfg").read_text()

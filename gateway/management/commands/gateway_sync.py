@@ -46,6 +46,10 @@ class Command(BaseCommand):
         paths = Paths(options["dir"].resolve())
         if not 1024 <= options["max_body"] <= 16 * 2**20:
             raise CommandError("--max-body must be from 1024 to 16777216 bytes")
+        host, _, port = options["metrics_bind"].rpartition(":")
+        if options["metrics_bind"] and not (host and port.isdigit() and 1 <= int(port) <= 65535 and " " not in host):
+            # Written into HAProxy's config: a bad one would stop the gateway from starting.
+            raise CommandError("--metrics-bind must be ADDRESS:PORT, e.g. 127.0.0.1:8091")
         frontend = Frontend(options["bind"], options["max_body"], options["metrics_bind"])
         if options["render_only"]:
             try:
