@@ -27,6 +27,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 MAX_TOKENS = 4096
+# vLLM's buckets for vllm:time_to_first_token_seconds (seconds), so the same rules read both.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
 
 
 class Engine:
@@ -43,6 +45,18 @@ class Engine:
         self.waiting = 0
         self.prompt_tokens = 0
         self.generation_tokens = 0
+        # Time to first token, from a request's arrival (its wait for a slot included): a histogram.
+        self.ttft_counts = [0] * len(TTFT_BUCKETS)
+        self.ttft_count = 0
+        self.ttft_sum = 0.0
+
+    def observe_first_token(self, seconds: float) -> None:
+        with self.lock:
+            self.ttft_count += 1
+            self.ttft_sum += seconds
+            for i, bound in enumerate(TTFT_BUCKETS):
+                if seconds <= bound:
+                    self.ttft_counts[i] += 1
 
     def complete(self, prompt: str, max_tokens: int) -> dict[str, Any]:
         text = self.generate(prompt, max_tokens)
@@ -69,6 +83,7 @@ class Engine:
         The slot is held until the last word is taken (or the generator is closed: a client
         that went away), so a stream counts as running for as long as it runs.
         """
+        arrived = time.monotonic()
         with self.lock:
             self.waiting += 1
         with self.slots:
@@ -77,7 +92,10 @@ class Engine:
                 self.running += 1
                 self.prompt_tokens += len(prompt.split())
             try:
-                yield from self._generate(prompt, max_tokens)
+                for i, word in enumerate(self._generate(prompt, max_tokens)):
+                    if i == 0:
+                        self.observe_first_token(time.monotonic() - arrived)
+                    yield word
             finally:
                 with self.lock:
                     self.running -= 1
@@ -103,7 +121,12 @@ class Engine:
         with self.lock:
             running, waiting = self.running, self.waiting
             prompt, generation = self.prompt_tokens, self.generation_tokens
+            buckets, count, total = list(self.ttft_counts), self.ttft_count, self.ttft_sum
         label = f'{{model_name="{self.model}"}}'
+        ttft = "".join(
+            f'vllm:time_to_first_token_seconds_bucket{{model_name="{self.model}",le="{bound}"}} {n}\n'
+            for bound, n in zip(TTFT_BUCKETS, buckets, strict=True)
+        )
         return (
             "# HELP vllm:num_requests_running Number of requests currently running.\n"
             "# TYPE vllm:num_requests_running gauge\n"
@@ -117,6 +140,12 @@ class Engine:
             "# HELP vllm:generation_tokens_total Tokens generated.\n"
             "# TYPE vllm:generation_tokens_total counter\n"
             f"vllm:generation_tokens_total{label} {generation}\n"
+            "# HELP vllm:time_to_first_token_seconds Time to first token, its wait for a slot included.\n"
+            "# TYPE vllm:time_to_first_token_seconds histogram\n"
+            f"{ttft}"
+            f'vllm:time_to_first_token_seconds_bucket{{model_name="{self.model}",le="+Inf"}} {count}\n'
+            f"vllm:time_to_first_token_seconds_sum{label} {total}\n"
+            f"vllm:time_to_first_token_seconds_count{label} {count}\n"
         )
 
 

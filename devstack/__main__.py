@@ -41,7 +41,7 @@ def main() -> int:
         stack.manage("setup_demo", "--var-dir", str(var), "--control-plane", base, "--ca-file", ca, capture=True)
         stack.fetch_demo_model()
         stack.start(stack.agent_part())
-        for part in gateway.parts(stack, metrics=gateway.DEFAULT_METRICS):
+        for part in gateway.parts(stack, metrics=gateway.DEFAULT_METRICS, metrics_port=gateway.METRICS_PORT):
             stack.start(part)
         demo_key = gateway.demo_key(stack)
     except Exception as exc:
@@ -59,6 +59,7 @@ def main() -> int:
     backends = ", ".join(f"127.0.0.1:{b.port}" for b in stack.backends)
     print(f"  proxy          HAProxy at {base} and {plain}, before granian at {backends} ({stack.var / 'haproxy.cfg'})")
     print(f"  gateway        http://127.0.0.1:{gateway.DEFAULT_PORT}/v1 (OpenAI API; HAProxy, {stack.var / 'gateway'})")
+    print(f"  gateway series http://127.0.0.1:{gateway.METRICS_PORT}/metrics (HAProxy's exporter, for Prometheus)")
     if "prometheus" in stack.parts:
         print(f"  prometheus     http://127.0.0.1:{stack.prometheus_port}/")
     if redis:

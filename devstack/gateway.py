@@ -16,8 +16,10 @@ from devstack.proxy import haproxy_binary
 
 # Clients' port for the OpenAI API, apart from the operators' pages and the agent API.
 DEFAULT_PORT = 8090
-# Where the gateway's sync serves its llmgw_gateway_* series (deploy/prometheus.yml's llmgw-gateway job).
+# Where the gateway's sync serves its llmgw_gateway_* series (deploy/prometheus.yml's llmgw-gateway-usage job).
 DEFAULT_METRICS = "127.0.0.1:9491"
+# HAProxy's Prometheus exporter, on loopback: the gateway's own series (docs/gateway.md, "Observing the gateway").
+METRICS_PORT = 8091
 # glibc's allocator, fixed for HAProxy's large buffers: left to adapt, it maps and unmaps (or trims)
 # each 272 KiB buffer per request, which cost ~250 µs of CPU a request (360 against 107 µs measured;
 # docs/gateway.md, "What it costs"). Production sets the same in the unit's Environment=.
@@ -57,20 +59,26 @@ def sync_command(python: str, manage: Path, directory: Path, bind: str, *extra: 
     return [python, str(manage), "gateway_sync", "--dir", str(directory), "--bind", bind, *extra]
 
 
-def parts(stack, port: int = DEFAULT_PORT, name: str = "gateway", metrics: str | None = None) -> list:
-    """The gateway's HAProxy and sync as the stack's parts, after writing its first config (no database needed)."""
+def parts(
+    stack, port: int = DEFAULT_PORT, name: str = "gateway", metrics: str | None = None, metrics_port: int | None = None
+) -> list:
+    """The gateway's HAProxy and sync as the stack's parts, after writing its first config (no database needed).
+
+    With `metrics`, the sync serves its llmgw_gateway_* series (usage, budgets) there; with
+    `metrics_port`, HAProxy serves its own (requests, errors, in flight) on 127.0.0.1 at that port."""
     from devstack.stack import PYTHON, ROOT, Part  # the stack imports this module: imported when used
 
     directory = stack.var / name
     directory.mkdir(mode=0o700, exist_ok=True)
     directory.chmod(0o700)
     bind = f"127.0.0.1:{port}"
-    stack.manage(*sync_command(PYTHON, ROOT / "manage.py", directory, bind, "--render-only")[2:])
-    # Its series for Prometheus, where asked (make run: DEFAULT_METRICS); a fixed port would collide between stacks.
+    exporter = ("--metrics-bind", f"127.0.0.1:{metrics_port}") if metrics_port else ()
+    stack.manage(*sync_command(PYTHON, ROOT / "manage.py", directory, bind, *exporter, "--render-only")[2:])
+    # The sync's series for Prometheus where asked (make run: DEFAULT_METRICS); a fixed port collides between stacks.
     metrics_option = ("--metrics", metrics) if metrics else ()
     return [
         Part(name, haproxy_command(directory), ready=lambda: port_open(port), env=HAPROXY_ENV),
-        Part(f"{name}-sync", sync_command(PYTHON, ROOT / "manage.py", directory, bind, *metrics_option)),
+        Part(f"{name}-sync", sync_command(PYTHON, ROOT / "manage.py", directory, bind, *exporter, *metrics_option)),
     ]
 
 

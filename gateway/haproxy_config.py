@@ -110,6 +110,8 @@ class Frontend:
     bind: str
     max_body: int = MAX_BODY
     request_timeout: int = REQUEST_TIMEOUT
+    # Where Prometheus scrapes the gateway's own series (HAProxy's exporter); empty: not exported.
+    metrics_bind: str = ""
 
     @property
     def bufsize(self) -> int:
@@ -229,6 +231,20 @@ PREFIX_AFFINITY = (
 )
 
 
+def metrics_section(frontend: Frontend) -> str:
+    """HAProxy's built-in Prometheus exporter on its own address, apart from the clients' port (docs/gateway.md)."""
+    if not frontend.metrics_bind:
+        return ""
+    lines = [
+        "frontend metrics",
+        f"    bind {frontend.metrics_bind}",
+        "    no log",
+        "    http-request use-service prometheus-exporter if { path /metrics }",
+        "    http-request return status 404 content-type text/plain string 'Only /metrics here'",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def backend_section(backend: Backend) -> str:
     lines = [
         f"backend {backend.name}",
@@ -262,6 +278,7 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "max_body": str(frontend.max_body),
         "request_timeout": f"{frontend.request_timeout}s",
         "errorfiles": "\n".join(f"    errorfile {code} {paths.errors / f'{code}.http'}" for code in ERRORS),
+        "metrics": metrics_section(frontend),
         "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
     }
     for name, value in fields.items():

@@ -255,7 +255,14 @@ def align(
 def node_history(
     node_id: str, now: float | None = None, base_url: str | None = None, time_range: TimeRange = DEFAULT_RANGE
 ) -> History:
-    """The node's charts over `time_range`; raises PrometheusUnavailable with the reason.
+    """The node's charts over `time_range`; raises PrometheusUnavailable with the reason."""
+    return history(node_charts(node_id), now, base_url, time_range)
+
+
+def history(
+    specs: list[ChartSpec], now: float | None = None, base_url: str | None = None, time_range: TimeRange = DEFAULT_RANGE
+) -> History:
+    """Charts over `time_range` (a node's, a model's); raises PrometheusUnavailable with the reason.
 
     The queries share one deadline: each is a few milliseconds from a healthy
     Prometheus, and one after another they need no threads, so a Prometheus that
@@ -265,7 +272,7 @@ def node_history(
     times = grid(now if now is not None else time.time(), time_range.span, step)
     deadline = time.monotonic() + TIMEOUT
     charts = []
-    for spec in node_charts(node_id):
+    for spec in specs:
         result = query_range(spec.query, times[0], times[-1], step, base_url, deadline)
         series, values = align(result, times, spec)
         charts.append(Chart(spec.key, spec.title, spec.unit, series, values))

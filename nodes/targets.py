@@ -46,6 +46,7 @@ def prometheus_targets(request: HttpRequest) -> HttpResponse:
             "replica__replica_id",
             "replica__deployment__model_source",
             "replica__deployment__engine",
+            "replica__deployment__served_model_name",
         )
     )
     try:
@@ -58,14 +59,22 @@ def prometheus_targets(request: HttpRequest) -> HttpResponse:
 
 def _groups(rows) -> list[dict]:
     groups = []
-    for shard, port, metrics_port, node, claimed, source, replica, model, engine in rows:
+    for shard, port, metrics_port, node, claimed, source, replica, model, engine, served in rows:
         host = trusted_address(claimed, source)
         if host is None:
             continue
         groups.append(
             {
                 "targets": [f"{host}:{metrics_port or port}"],
-                "labels": {"node": node, "shard": shard, "replica": replica, "model": model, "engine": engine},
+                # served_model joins the engine's series to the gateway's (backend m_<served_model>).
+                "labels": {
+                    "node": node,
+                    "shard": shard,
+                    "replica": replica,
+                    "model": model,
+                    "engine": engine,
+                    "served_model": served,
+                },
             }
         )
     return groups

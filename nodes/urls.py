@@ -22,6 +22,8 @@ urlpatterns = [
     path("nodes/<str:node_id>/", views.node, name="node"),
     path("nodes/<str:node_id>/charts/", views.node_charts, name="node-charts"),
     path("nodes/<str:node_id>/admin-state/", views.set_node_admin_state, name="node-admin-state"),
+    path("models/<str:served_model>/", views.model, name="model"),
+    path("models/<str:served_model>/charts/", views.model_charts, name="model-charts"),
     # Browsers ask for /favicon.ico on every page, the admin's included.
     path("favicon.ico", RedirectView.as_view(url=static("llmgw/favicon.svg"), permanent=True)),
 ]

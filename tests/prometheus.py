@@ -83,17 +83,7 @@ class PrometheusServer:
     def start(self) -> PrometheusServer:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
-        config.write_text(
-            "global:\n"
-            f"  scrape_interval: {self.interval}\n"
-            f"  evaluation_interval: {self.interval}\n"
-            + (f"rule_files: ['{self.rules}']\n" if self.rules else "")
-            + "scrape_configs:\n"
-            "  - job_name: llmgw\n"
-            f"    metrics_path: {self.metrics_path}\n"
-            "    static_configs:\n"
-            f"      - targets: ['{self.target}']\n"
-        )
+        config.write_text(self.config_text())
         self.process = subprocess.Popen(
             [
                 self.binary,
@@ -107,6 +97,20 @@ class PrometheusServer:
         )
         wait_until(self.ready, 30, f"prometheus on port {self.port}")
         return self
+
+    def config_text(self) -> str:
+        """Its prometheus.yml; a test may give another (a job as deploy/prometheus.yml has it)."""
+        return (
+            "global:\n"
+            f"  scrape_interval: {self.interval}\n"
+            f"  evaluation_interval: {self.interval}\n"
+            + (f"rule_files: ['{self.rules}']\n" if self.rules else "")
+            + "scrape_configs:\n"
+            "  - job_name: llmgw\n"
+            f"    metrics_path: {self.metrics_path}\n"
+            "    static_configs:\n"
+            f"      - targets: ['{self.target}']\n"
+        )
 
     def ready(self) -> bool:
         if self.process.poll() is not None:

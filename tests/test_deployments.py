@@ -183,6 +183,7 @@ def test_targets_list_running_shards_with_their_labels(client, db):
             "replica": shard.replica.replica_id,
             "model": "/models/m",
             "engine": "vllm",
+            "served_model": shard.replica.deployment.served_model_name,
         }
 
 

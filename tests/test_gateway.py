@@ -82,8 +82,9 @@ class Gateway:
         request_timeout: int = haproxy_config.REQUEST_TIMEOUT,
     ):
         self.port = free_port()
+        self.metrics_port = free_port()
         self.paths = Paths(directory)
-        self.frontend = Frontend(f"127.0.0.1:{self.port}", max_body, request_timeout)
+        self.frontend = Frontend(f"127.0.0.1:{self.port}", max_body, request_timeout, f"127.0.0.1:{self.metrics_port}")
         haproxy_config.write_all(self.paths, self.frontend, Desired())
         self.sync = Sync(self.paths, self.frontend, wanted.read, record_usage=usage.record)
         self.start()

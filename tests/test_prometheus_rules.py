@@ -28,7 +28,7 @@ def test_the_prometheus_config_is_valid():
 
 
 def test_the_rules_are_valid():
-    result = promtool("check", "rules", "rules/llmgw.rules.yml")
+    result = promtool("check", "rules", "rules/llmgw.rules.yml", "rules/gateway.rules.yml")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -44,6 +44,14 @@ def test_every_alert_has_a_unit_test():
     alerts = {line.split(":", 1)[1].strip() for line in rules.splitlines() if line.strip().startswith("- alert:")}
     tested = "".join(path.read_text() for path in (DEPLOY / "rules" / "tests").glob("*.yml"))
     assert len(alerts) == 7
+    assert {alert for alert in alerts if f"alertname: {alert}" not in tested} == set()
+
+
+def test_every_gateway_alert_has_a_unit_test():
+    rules = (DEPLOY / "rules" / "gateway.rules.yml").read_text()
+    alerts = {line.split(":", 1)[1].strip() for line in rules.splitlines() if line.strip().startswith("- alert:")}
+    tested = (DEPLOY / "rules" / "tests" / "gateway.yml").read_text()
+    assert alerts == {"LLMGWModelNoReadyReplica", "LLMGWModelErrorRatioHigh", "LLMGWModelTimeToFirstTokenHigh"}
     assert {alert for alert in alerts if f"alertname: {alert}" not in tested} == set()
 
 

@@ -59,7 +59,7 @@ class Template:
 
 
 class Signal(StrEnum):
-    """llmgw's names: the recorded series, labelled node, shard, replica, model and engine."""
+    """llmgw's names: the recorded series, labelled node, shard, replica, model, engine and served_model."""
 
     REQUESTS_WAITING = "llmgw:shard_queue_depth"
     REQUESTS_RUNNING = "llmgw:shard_requests_running"

@@ -18,7 +18,7 @@ from agent.enginekinds import BY_NAME, KINDS
 from agent.enginekinds.record import Signal, Source
 
 # The labels the control plane's service discovery puts on every engine target.
-LABELS = ("node", "shard", "replica", "model", "engine")
+LABELS = ("node", "shard", "replica", "model", "engine", "served_model")
 RATE_WINDOW = "1m"
 
 

@@ -13,7 +13,7 @@ import time
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 
-from inventory.models import NodeState
+from inventory.models import Deployment, NodeState
 from nodes import promalerts, promengines
 from nodes.filtersets import TableQuery, sorted_nodes
 from nodes.loads import fetch_readings
@@ -102,5 +102,10 @@ def cluster(request):
         "gpu_classes": [row.gpu_class for row in fleet.totals.gpus],
         **table,
     }
+    if not request.htmx:
+        # Links to each served model's page (nodes/views/models.py); not refreshed with the table.
+        context["served_models"] = list(
+            Deployment.objects.order_by("served_model_name").values_list("served_model_name", flat=True)
+        )
     template = "nodes/cluster.html#refresh" if request.htmx else "nodes/cluster.html"
     return render(request, template, context)

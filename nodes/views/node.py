@@ -34,7 +34,7 @@ from inventory.models import (
     Shard,
 )
 from inventory.operator import ACTIONS
-from nodes import promalerts, promengines, promquery
+from nodes import promalerts, promengines, promgateway, promquery
 from nodes.loads import fetch_readings, heartbeat_age
 from nodes.views.access import login_required
 
@@ -90,6 +90,8 @@ class EngineRow:
     unplaced: bool = False
     # Why a running shard has no engine metrics in Prometheus (nodes/promengines.py); empty when it has.
     no_engine_metrics: str = ""
+    # Requests in flight on the shard's replica at the gateways (nodes/promgateway.py); None when unknown.
+    in_flight: float | None = None
 
     @property
     def state_colour(self) -> str:
@@ -306,6 +308,11 @@ def live_context(node: Node, now: float) -> dict:
         node.address or "",
     )
     mark_engine_metrics(node.pk, engines, facts, now)
+    # Only a running replica can have requests in flight: without one, Prometheus is not asked.
+    serving = any(row.replica and row.state == ReplicaState.RUNNING for row in engines)
+    in_flight = promgateway.in_flight_per_replica() if serving else None
+    for row in engines:
+        row.in_flight = in_flight.values.get(row.replica) if in_flight and row.replica else None
     return {
         "node": node,
         "alerts": firing.for_node(node.pk),
@@ -313,6 +320,7 @@ def live_context(node: Node, now: float) -> dict:
         "reading": reading,
         "load_problem": load_problem,
         "engines": engines,
+        "in_flight_problem": in_flight.problem if in_flight else None,
         "installs": installs,
         "gpus": gpu_rows(list(node.gpus.all()), holders, reading.load),
         "local_filesystems": [fs for fs in filesystems if not fs.shared],

@@ -16,6 +16,7 @@
       case "bytes": return (value / GIB).toFixed(value >= 10 * GIB ? 0 : 1) + " GiB";
       case "cores":
       case "load": return value.toFixed(value >= 10 ? 0 : 2);
+      case "seconds": return value >= 1 ? value.toFixed(1) + " s" : (value * 1000).toFixed(0) + " ms";
       default: return String(Math.round(value * 100) / 100);
     }
   }
@@ -165,7 +166,7 @@
   // "Loading" line or above charts that are now getting old.
   function reportFailure(event) {
     const section = event.detail.elt;
-    if (!section || section.id !== "node-charts") return;
+    if (!section || !section.classList || !section.classList.contains("charts")) return;
     const xhr = event.detail.xhr;
     const why = event.type === "htmx:sendError" || !xhr || !xhr.status
       ? "the server could not be reached"

@@ -47,6 +47,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--name", default="", help="this gateway's name in its in-flight reports (default: host name and --bind)"
         )
+        parser.add_argument(
+            "--metrics-bind",
+            default="",
+            help="where HAProxy serves its Prometheus series (/metrics), e.g. 127.0.0.1:8091; none when empty",
+        )
         parser.add_argument("--interval", type=float, default=1.0, help="seconds between passes")
         parser.add_argument(
             "--metrics",
@@ -61,7 +66,11 @@ class Command(BaseCommand):
             raise CommandError("--max-body must be from 1024 to 16777216 bytes")
         if not 1 <= options["request_timeout"] <= 600:
             raise CommandError("--request-timeout must be from 1 to 600 seconds")
-        frontend = Frontend(options["bind"], options["max_body"], options["request_timeout"])
+        host, _, port = options["metrics_bind"].rpartition(":")
+        if options["metrics_bind"] and not (host and port.isdigit() and 1 <= int(port) <= 65535 and " " not in host):
+            # Written into HAProxy's config: a bad one would stop the gateway from starting.
+            raise CommandError("--metrics-bind must be ADDRESS:PORT, e.g. 127.0.0.1:8091")
+        frontend = Frontend(options["bind"], options["max_body"], options["request_timeout"], options["metrics_bind"])
         if options["render_only"]:
             try:
                 desired = read_desired()

@@ -1,0 +1,71 @@
+"""What the gateway did, from Prometheus, for the pages: a served model's charts, and requests in flight per replica.
+
+The series are recorded by deploy/rules/gateway.rules.yml from HAProxy's exporter (requests,
+5xx, requests in flight, per backend = served model and server = replica) and from the
+engines' histograms (time to first token; llama-server exports none), and by
+deploy/rules/engines.rules.yml (tokens per second). docs/gateway.md, "Observing the gateway".
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from agent.enginekinds import Signal
+from nodes import promengines, promquery
+from nodes.promengines import Answer
+from nodes.promquery import ChartSpec
+
+MODEL_LINE = "model total"
+IN_FLIGHT_QUERY = "sum by (replica) (llmgw:gateway_replica_requests_in_flight)"
+
+
+def model_charts(served_model: str) -> list[promquery.ChartSpec]:
+    """The model page's charts: each by replica, but time to first token, for the model as a whole."""
+    model = f"served_model={promquery.promql_string(served_model)}"
+    return [
+        ChartSpec(
+            "requests",
+            "Requests/s by replica",
+            "per second",
+            f"sum by (replica) (llmgw:gateway_replica_requests_per_second{{{model}}})",
+            "replica",
+        ),
+        ChartSpec(
+            "errors",
+            "Errors (5xx)/s: the model, and by replica",
+            "per second",
+            # The model's line holds HAProxy's own 5xx too (no ready replica), which no replica's does;
+            # its name has a space, which no replica id has.
+            f'label_replace(sum(llmgw:gateway_model_errors_per_second{{{model}}}), "replica", "{MODEL_LINE}", "", "")'
+            f" or sum by (replica) (llmgw:gateway_replica_errors_per_second{{{model}}})",
+            "replica",
+        ),
+        ChartSpec(
+            "ttft",
+            "Time to first token",
+            "seconds",
+            f'label_replace(llmgw:model_ttft_seconds:p50{{{model}}}, "quantile", "p50", "", "")'
+            f' or label_replace(llmgw:model_ttft_seconds:p99{{{model}}}, "quantile", "p99", "", "")',
+            "quantile",
+        ),
+        ChartSpec(
+            "tokens",
+            "Tokens/s by replica",
+            "tokens/s",
+            f"sum by (replica) ({Signal.TOKENS_PER_SECOND.value}{{{model}}})",
+            "replica",
+        ),
+        ChartSpec(
+            "in_flight",
+            "Requests in flight by replica",
+            "count",
+            f"sum by (replica) (llmgw:gateway_replica_requests_in_flight{{{model}}})",
+            "replica",
+        ),
+    ]
+
+
+def in_flight_per_replica() -> Answer:
+    """Requests in flight per replica at the gateways, summed over them, at most promengines.MAX_AGE old."""
+    base = settings.PROMETHEUS_URL
+    return promengines.cache.get((base, "in_flight"), lambda: promengines.fetch(IN_FLIGHT_QUERY, "replica", base))
