@@ -157,13 +157,12 @@ def run() -> int:
     from django.core.management import call_command
     from django.test import Client
 
-    import livestate
     from inventory.models import Node, NodeEvent
-    from nodes.views.summary import TOTALS_KEY
+    from nodes import fleetload
     from tests.factories import make_fleet
 
     def expire_totals() -> None:
-        livestate.client().delete(TOTALS_KEY)
+        fleetload.forget()
 
     call_command("migrate", verbosity=0)
     Node.objects.all().delete()

@@ -40,8 +40,10 @@ LIMIT_PREFIX = "llmgw:limit:"
 SELF_METRICS = "llmgw:selfmetrics"
 # Lock held by the reconcile pass running now (livestate.locks); expires if its worker dies.
 RECONCILE_LOCK = "llmgw:reconcile"
-# The cluster page's fleet totals, shared by every web worker for a few seconds (nodes/views/summary.py).
+# The cluster page's fleet totals and the node table's sort figures, shared by every web worker
+# for a few seconds (nodes/fleetload.py).
 FLEET_TOTALS = "llmgw:pages:fleet-totals"
+FLEET_SORT_FIGURES = "llmgw:pages:fleet-sort-figures"
 # The fleet's part of /metrics, rendered ahead by Celery beat (nodes/metrics/prerender.py).
 METRICS_FLEET = "llmgw:metrics:fleet"
 

@@ -1,0 +1,145 @@
+"""The fleet's load at a glance, computed once and shared through Redis by every web worker.
+
+Two things need every node's load: the cluster page's CPU, RAM and GPU totals,
+and sorting the node table (page and operators' API) by CPU, RAM or load. At
+10,000 nodes reading them all (one MGET, every stored load decoded) was most
+of a sorted page's time, and the request that found the totals expired paid
+for it again, with the GPU count by class on top (docs/operations.md, "The
+cluster page at 10,000 nodes"). So `compute` reads them once and stores two
+keys with the same lifetime: the totals (small, read by every page) and each
+fresh node's sort figures (one array per figure, read only to sort by load).
+
+Celery beat runs `refresh` every LLMGW_FLEET_LOAD_PERIOD seconds (5, the
+page's own refresh; nodes/tasks.py), and the keys live twice that, so no
+request waits for the computation; one that finds a key missing (Celery not
+running, Redis flushed) computes it itself. The figures are therefore up to
+two periods old: the order of a table sorted by load is that of the last
+computation, while each row shows its node's current load.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import cast
+
+import msgspec
+from django.conf import settings
+from django.db.models import Count
+
+import livestate
+from inventory.models import GPU, Node, free_q
+from livestate import keys, loadstore
+
+TOTALS_KEY = keys.FLEET_TOTALS
+SORT_KEY = keys.FLEET_SORT_FIGURES
+
+
+def shared_seconds() -> float:
+    """How long the keys live: past the next refresh, so a request never finds them gone while Celery runs."""
+    period: float = settings.LLMGW_FLEET_LOAD_PERIOD
+    return 2 * period
+
+
+class GPUClassCount(msgspec.Struct, array_like=True):
+    gpu_class: str
+    free: int
+    total: int
+
+
+class FleetTotals(msgspec.Struct):
+    """What the whole fleet is using, from every fresh load, and its GPUs by class."""
+
+    computed_at: float
+    reporting: int = 0
+    cores_busy: float = 0.0
+    cores_total: int = 0
+    memory_used: int = 0
+    memory_total: int = 0
+    gpus: list[GPUClassCount] = []
+    load_known: bool = True
+
+
+class SortFigures(msgspec.Struct, array_like=True):
+    """The figures the node table sorts by, for every node with a fresh load: one array each, in the order of `ids`."""
+
+    ids: list[str] = []
+    cpu: list[float] = []
+    ram: list[float] = []
+    load: list[float] = []
+
+    def by_node(self, figure: str) -> dict[str, float]:
+        """One figure ("cpu", "ram" or "load") of each node that has one."""
+        return dict(zip(self.ids, getattr(self, figure), strict=True))
+
+
+_encoder = msgspec.msgpack.Encoder()
+_totals_decoder = msgspec.msgpack.Decoder(FleetTotals)
+_sort_decoder = msgspec.msgpack.Decoder(SortFigures)
+
+
+def gpus_by_class() -> list[GPUClassCount]:
+    """Free and total GPUs per class; a GPU is free when healthy and claimed by no shard."""
+    rows = (
+        GPU.objects.order_by()
+        .values("gpu_class")
+        .annotate(total=Count("id"), free=Count("id", filter=free_q()))
+        .order_by("gpu_class")
+    )
+    return [GPUClassCount(row["gpu_class"], row["free"], row["total"]) for row in rows]
+
+
+def compute(now: float) -> tuple[FleetTotals, SortFigures]:
+    """Read every fresh load once (one query for the ids, one MGET): the totals and the sort figures."""
+    ids = list(Node.objects.values_list("id", flat=True))
+    totals = FleetTotals(computed_at=now)
+    figures = SortFigures()
+    for node_id, load in loadstore.fetch_figures(ids, now).items():
+        totals.reporting += 1
+        totals.cores_busy += load.cpu_percent / 100 * load.cpus
+        totals.cores_total += load.cpus
+        totals.memory_used += load.memory_used_bytes
+        totals.memory_total += load.memory_used_bytes + load.memory_available_bytes
+        figures.ids.append(node_id)
+        figures.cpu.append(load.cpu_percent)
+        figures.ram.append(load.memory_fraction)
+        figures.load.append(load.load1)
+    totals.gpus = gpus_by_class()
+    return totals, figures
+
+
+def refresh(now: float | None = None) -> tuple[FleetTotals, SortFigures]:
+    """Compute both and share them for `shared_seconds()` (raises redis errors)."""
+    totals, figures = compute(now if now is not None else time.time())
+    pipe = livestate.client().pipeline(transaction=False)
+    expiry = int(shared_seconds() * 1000)
+    pipe.set(TOTALS_KEY, _encoder.encode(totals), px=expiry)
+    pipe.set(SORT_KEY, _encoder.encode(figures), px=expiry)
+    pipe.execute()
+    return totals, figures
+
+
+def totals(now: float) -> FleetTotals:
+    """The shared totals, or computed now and shared if missing (raises redis errors)."""
+    raw = cast(bytes | None, livestate.client().get(TOTALS_KEY))
+    if raw is not None:
+        try:
+            return _totals_decoder.decode(raw)
+        except msgspec.DecodeError:
+            pass  # Written by another version: computed again below.
+    return refresh(now)[0]
+
+
+def sort_figures(now: float) -> SortFigures:
+    """The shared sort figures, or computed now and shared if missing (raises redis errors)."""
+    raw = cast(bytes | None, livestate.client().get(SORT_KEY))
+    if raw is not None:
+        try:
+            return _sort_decoder.decode(raw)
+        except msgspec.DecodeError:
+            pass
+    return refresh(now)[1]
+
+
+def forget() -> None:
+    """Drop the shared figures, so the next reader computes them (benchmarks, tests)."""
+    livestate.client().delete(TOTALS_KEY, SORT_KEY)
