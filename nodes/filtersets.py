@@ -37,9 +37,9 @@ DB_SORTS = {
     "heartbeat": ([], ["-last_heartbeat", "id"]),
 }
 
-# Columns sorted by the current load, as the last shared computation read it (nodes/fleetload.py):
-# the name of each one's figure there. A node whose load is unknown or too old sorts after every known one.
-LOAD_SORTS = {"cpu": "cpu", "ram": "ram", "load": "load"}
+# Columns sorted by the current load, in the order the last shared computation found
+# (nodes/fleetload.py). A node whose load is unknown or too old sorts after every known one.
+LOAD_SORTS = tuple(fleetload.SORT_FIGURES)
 
 SORTS = sorted(DB_SORTS) + sorted(LOAD_SORTS)
 
@@ -119,17 +119,19 @@ def sorted_nodes(query: TableQuery, now: float) -> SortedNodes:
     """The matching nodes in the table's order; the page and the operators' API both list them through this."""
     nodes = query.nodes()
     if query.sort in LOAD_SORTS:
-        # Sorting by load needs every matching node's figure: the fleet's, read once by whoever
-        # computed them last, not 10,000 loads read again by each request.
+        # The fleet's nodes already in the figure's order, read once by whoever computed them
+        # last: sorting is keeping the matching ones, with no load read again by each request.
         ids = list(nodes.values_list("id", flat=True))
         try:
-            figures = fleetload.sort_figures(now).by_node(LOAD_SORTS[query.sort])
+            order = fleetload.order_by(query.sort, now)
         except redis.RedisError:
-            figures = {}
-        known = [pk for pk in ids if pk in figures]
-        unknown = [pk for pk in ids if pk not in figures]
-        known.sort(key=lambda pk: (figures[pk], pk), reverse=query.descending)
-        ordered = known + unknown
+            order = []
+        matching = set(ids)
+        known = [pk for pk in order if pk in matching]
+        if query.descending:
+            known.reverse()
+        in_order = set(known)
+        ordered = known + [pk for pk in ids if pk not in in_order]
 
         def between(start: int, end: int) -> list[Node]:
             page_ids = ordered[start:end]

@@ -6,8 +6,10 @@ and sorting the node table (page and operators' API) by CPU, RAM or load. At
 of a sorted page's time, and the request that found the totals expired paid
 for it again, with the GPU count by class on top (docs/operations.md, "The
 cluster page at 10,000 nodes"). So `compute` reads them once and stores two
-keys with the same lifetime: the totals (small, read by every page) and each
-fresh node's sort figures (one array per figure, read only to sort by load).
+keys with the same lifetime: the totals (small, read by every page) and, for
+each figure the table sorts by, the ids of the nodes with a fresh load in
+that figure's order (read only to sort by it: the sort is then a filter of a
+list already in order, with no load read or decoded).
 
 Celery beat runs `refresh` every LLMGW_FLEET_LOAD_PERIOD seconds (5, the
 page's own refresh; nodes/tasks.py), and the keys live twice that, so no
@@ -20,6 +22,7 @@ computation, while each row shows its node's current load.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import cast
 
 import msgspec
@@ -31,7 +34,6 @@ from inventory.models import GPU, Node, free_q
 from livestate import keys, loadstore
 
 TOTALS_KEY = keys.FLEET_TOTALS
-SORT_KEY = keys.FLEET_SORT_FIGURES
 
 
 def shared_seconds() -> float:
@@ -59,22 +61,21 @@ class FleetTotals(msgspec.Struct):
     load_known: bool = True
 
 
-class SortFigures(msgspec.Struct, array_like=True):
-    """The figures the node table sorts by, for every node with a fresh load: one array each, in the order of `ids`."""
+# The figures the node table sorts by (nodes/filtersets.py LOAD_SORTS), each read from a load.
+SORT_FIGURES: dict[str, Callable[[loadstore.LoadFigures], float]] = {
+    "cpu": lambda load: load.cpu_percent,
+    "ram": lambda load: load.memory_fraction,
+    "load": lambda load: load.load1,
+}
 
-    ids: list[str] = []
-    cpu: list[float] = []
-    ram: list[float] = []
-    load: list[float] = []
 
-    def by_node(self, figure: str) -> dict[str, float]:
-        """One figure ("cpu", "ram" or "load") of each node that has one."""
-        return dict(zip(self.ids, getattr(self, figure), strict=True))
+def sort_key(figure: str) -> str:
+    return f"{keys.FLEET_SORT_FIGURES}:{figure}"
 
 
 _encoder = msgspec.msgpack.Encoder()
 _totals_decoder = msgspec.msgpack.Decoder(FleetTotals)
-_sort_decoder = msgspec.msgpack.Decoder(SortFigures)
+_order_decoder = msgspec.msgpack.Decoder(list[str])
 
 
 def gpus_by_class() -> list[GPUClassCount]:
@@ -88,34 +89,35 @@ def gpus_by_class() -> list[GPUClassCount]:
     return [GPUClassCount(row["gpu_class"], row["free"], row["total"]) for row in rows]
 
 
-def compute(now: float) -> tuple[FleetTotals, SortFigures]:
-    """Read every fresh load once (one query for the ids, one MGET): the totals and the sort figures."""
+def compute(now: float) -> tuple[FleetTotals, dict[str, list[str]]]:
+    """Read every fresh load once (one query for the ids, one MGET): the totals, and for each
+    sort figure the ids of the nodes with a fresh load, ascending by it (ties by id)."""
     ids = list(Node.objects.values_list("id", flat=True))
     totals = FleetTotals(computed_at=now)
-    figures = SortFigures()
-    for node_id, load in loadstore.fetch_figures(ids, now).items():
+    loads = loadstore.fetch_figures(ids, now)
+    for load in loads.values():
         totals.reporting += 1
         totals.cores_busy += load.cpu_percent / 100 * load.cpus
         totals.cores_total += load.cpus
         totals.memory_used += load.memory_used_bytes
         totals.memory_total += load.memory_used_bytes + load.memory_available_bytes
-        figures.ids.append(node_id)
-        figures.cpu.append(load.cpu_percent)
-        figures.ram.append(load.memory_fraction)
-        figures.load.append(load.load1)
+    orders = {
+        figure: sorted(loads, key=lambda pk, read=read: (read(loads[pk]), pk)) for figure, read in SORT_FIGURES.items()
+    }
     totals.gpus = gpus_by_class()
-    return totals, figures
+    return totals, orders
 
 
-def refresh(now: float | None = None) -> tuple[FleetTotals, SortFigures]:
-    """Compute both and share them for `shared_seconds()` (raises redis errors)."""
-    totals, figures = compute(now if now is not None else time.time())
+def refresh(now: float | None = None) -> tuple[FleetTotals, dict[str, list[str]]]:
+    """Compute them and share them for `shared_seconds()` (raises redis errors)."""
+    totals, orders = compute(now if now is not None else time.time())
     pipe = livestate.client().pipeline(transaction=False)
     expiry = int(shared_seconds() * 1000)
     pipe.set(TOTALS_KEY, _encoder.encode(totals), px=expiry)
-    pipe.set(SORT_KEY, _encoder.encode(figures), px=expiry)
+    for figure, order in orders.items():
+        pipe.set(sort_key(figure), _encoder.encode(order), px=expiry)
     pipe.execute()
-    return totals, figures
+    return totals, orders
 
 
 def totals(now: float) -> FleetTotals:
@@ -129,17 +131,18 @@ def totals(now: float) -> FleetTotals:
     return refresh(now)[0]
 
 
-def sort_figures(now: float) -> SortFigures:
-    """The shared sort figures, or computed now and shared if missing (raises redis errors)."""
-    raw = cast(bytes | None, livestate.client().get(SORT_KEY))
+def order_by(figure: str, now: float) -> list[str]:
+    """The nodes with a fresh load, ascending by `figure` (ties by id): shared, or computed now and
+    shared if missing (raises redis errors). A sort reads one list of ids, never a load."""
+    raw = cast(bytes | None, livestate.client().get(sort_key(figure)))
     if raw is not None:
         try:
-            return _sort_decoder.decode(raw)
+            return _order_decoder.decode(raw)
         except msgspec.DecodeError:
             pass
-    return refresh(now)[1]
+    return refresh(now)[1][figure]
 
 
 def forget() -> None:
     """Drop the shared figures, so the next reader computes them (benchmarks, tests)."""
-    livestate.client().delete(TOTALS_KEY, SORT_KEY)
+    livestate.client().delete(TOTALS_KEY, *(sort_key(figure) for figure in SORT_FIGURES))
