@@ -43,6 +43,7 @@ RECONCILE_LOCK = "llmgw:reconcile"
 # The cluster page's fleet totals and the node table's sort figures, shared by every web worker
 # for a few seconds (nodes/fleetload.py).
 FLEET_TOTALS = "llmgw:pages:fleet-totals"
+# One key per sort figure under this prefix: `<prefix>:cpu`, `:ram`, `:load`.
 FLEET_SORT_FIGURES = "llmgw:pages:fleet-sort-figures"
 # The fleet's part of /metrics, rendered ahead by Celery beat (nodes/metrics/prerender.py).
 METRICS_FLEET = "llmgw:metrics:fleet"

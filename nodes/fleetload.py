@@ -5,7 +5,7 @@ and sorting the node table (page and operators' API) by CPU, RAM or load. At
 10,000 nodes reading them all (one MGET, every stored load decoded) was most
 of a sorted page's time, and the request that found the totals expired paid
 for it again, with the GPU count by class on top (docs/operations.md, "The
-cluster page at 10,000 nodes"). So `compute` reads them once and stores two
+cluster page while the fleet beats"). So `compute` reads them once and stores
 keys with the same lifetime: the totals (small, read by every page) and, for
 each figure the table sorts by, the ids of the nodes with a fresh load in
 that figure's order (read only to sort by it: the sort is then a filter of a
