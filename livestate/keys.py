@@ -43,7 +43,7 @@ RECONCILE_LOCK = "llmgw:reconcile"
 # The cluster page's fleet totals and the node table's sort figures, shared by every web worker
 # for a few seconds (nodes/fleetload.py).
 FLEET_TOTALS = "llmgw:pages:fleet-totals"
-# One key per sort figure under this prefix: `<prefix>:cpu`, `:ram`, `:load`.
+# One key per sort figure under this prefix (`fleet_sort_figures`).
 FLEET_SORT_FIGURES = "llmgw:pages:fleet-sort-figures"
 # The fleet's part of /metrics, rendered ahead by Celery beat (nodes/metrics/prerender.py).
 METRICS_FLEET = "llmgw:metrics:fleet"
@@ -110,3 +110,8 @@ def token_heartbeats(token_digest: str) -> str:
 def limit(name: str, minute: int) -> str:
     """The counter of `name` for the minute numbered `minute` since the epoch."""
     return f"{LIMIT_PREFIX}{name}:{minute}"
+
+
+def fleet_sort_figures(figure: str) -> str:
+    """The fleet's node ids in the order of one sort figure ("cpu", "ram", "load")."""
+    return f"{FLEET_SORT_FIGURES}:{figure}"

@@ -69,10 +69,6 @@ SORT_FIGURES: dict[str, Callable[[loadstore.LoadFigures], float]] = {
 }
 
 
-def sort_key(figure: str) -> str:
-    return f"{keys.FLEET_SORT_FIGURES}:{figure}"
-
-
 _encoder = msgspec.msgpack.Encoder()
 _totals_decoder = msgspec.msgpack.Decoder(FleetTotals)
 _order_decoder = msgspec.msgpack.Decoder(list[str])
@@ -115,7 +111,7 @@ def refresh(now: float | None = None) -> tuple[FleetTotals, dict[str, list[str]]
     expiry = int(shared_seconds() * 1000)
     pipe.set(TOTALS_KEY, _encoder.encode(totals), px=expiry)
     for figure, order in orders.items():
-        pipe.set(sort_key(figure), _encoder.encode(order), px=expiry)
+        pipe.set(keys.fleet_sort_figures(figure), _encoder.encode(order), px=expiry)
     pipe.execute()
     return totals, orders
 
@@ -134,7 +130,7 @@ def totals(now: float) -> FleetTotals:
 def order_by(figure: str, now: float) -> list[str]:
     """The nodes with a fresh load, ascending by `figure` (ties by id): shared, or computed now and
     shared if missing (raises redis errors). A sort reads one list of ids, never a load."""
-    raw = cast(bytes | None, livestate.client().get(sort_key(figure)))
+    raw = cast(bytes | None, livestate.client().get(keys.fleet_sort_figures(figure)))
     if raw is not None:
         try:
             return _order_decoder.decode(raw)
@@ -145,4 +141,4 @@ def order_by(figure: str, now: float) -> list[str]:
 
 def forget() -> None:
     """Drop the shared figures, so the next reader computes them (benchmarks, tests)."""
-    livestate.client().delete(TOTALS_KEY, *(sort_key(figure) for figure in SORT_FIGURES))
+    livestate.client().delete(TOTALS_KEY, *(keys.fleet_sort_figures(figure) for figure in SORT_FIGURES))
