@@ -97,11 +97,14 @@ def compute(now: float) -> tuple[FleetTotals, dict[str, list[str]]]:
         totals.cores_total += load.cpus
         totals.memory_used += load.memory_used_bytes
         totals.memory_total += load.memory_used_bytes + load.memory_available_bytes
-    orders = {
-        figure: sorted(loads, key=lambda pk, read=read: (read(loads[pk]), pk)) for figure, read in SORT_FIGURES.items()
-    }
+    orders = {figure: _ascending(loads, read) for figure, read in SORT_FIGURES.items()}
     totals.gpus = gpus_by_class()
     return totals, orders
+
+
+def _ascending(loads: dict[str, loadstore.LoadFigures], read: Callable[[loadstore.LoadFigures], float]) -> list[str]:
+    """The ids ascending by one figure, ties by id (so descending is this reversed)."""
+    return sorted(loads, key=lambda pk: (read(loads[pk]), pk))
 
 
 def refresh(now: float | None = None) -> tuple[FleetTotals, dict[str, list[str]]]:
