@@ -7,12 +7,12 @@ Tests start gateways the same way (`gateway_parts`), two at once for the several
 
 from __future__ import annotations
 
-import os
 import secrets
 from pathlib import Path
 
 from devstack.ports import port_open
 from devstack.proxy import haproxy_binary
+from lib.private_files import write_private
 
 # Clients' port for the OpenAI API, apart from the operators' pages and the agent API.
 DEFAULT_PORT = 8090
@@ -35,10 +35,7 @@ def engine_scrape_key(var: Path, env: dict[str, str]) -> None:
     path = var / "engine-scrape-key"
     given = env.pop("LLMGW_ENGINE_SCRAPE_KEY", "")
     if given or not path.exists():
-        path.unlink(missing_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(given or secrets.token_urlsafe(32))
+        write_private(path, given or secrets.token_urlsafe(32))
     env["LLMGW_ENGINE_SCRAPE_KEY_FILE"] = str(path)
 
 

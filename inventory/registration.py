@@ -107,7 +107,7 @@ def upsert_inventory(
             for field in fields:
                 setattr(node, field, values[field])
             node.save(update_fields=fields)
-        dropped = _replace_hardware(node, inventory)
+        dropped = _replace_hardware(node, inventory, created)
         if dropped:
             fail_gpu_holders([(node.pk, index) for index in dropped], "left its node's inventory", now)
     return node, created
@@ -117,12 +117,14 @@ def upsert_inventory(
 GPU_AGENT_FIELDS = ("name", "gpu_class", "memory_bytes", "ecc_errors", "health")
 
 
-def _replace_gpus(node: Node, reported: list[protocol.GPU]) -> list[int]:
+def _replace_gpus(node: Node, reported: list[protocol.GPU], created: bool) -> list[int]:
     """Update the GPUs still there (same index and uuid), replace the rest; returns the indices of those gone.
 
     A GPU is gone when its index is no longer listed or lists another uuid (another card).
+    A node just created has none yet: nothing is read or deleted.
     """
-    kept = {(index, uuid): pk for pk, index, uuid in GPU.objects.filter(node=node).values_list("pk", "index", "uuid")}
+    stored = [] if created else GPU.objects.filter(node=node).values_list("pk", "index", "uuid")
+    kept = {(index, uuid): pk for pk, index, uuid in stored}
     rows = [
         GPU(
             pk=kept.pop((gpu.index, gpu.uuid), None),
@@ -138,18 +140,24 @@ def _replace_gpus(node: Node, reported: list[protocol.GPU]) -> list[int]:
         for gpu in _unique_by(reported, lambda gpu: gpu.index)
     ]
     # What is left in `kept` is gone or another card now: deleted first, as its index may be taken again.
-    GPU.objects.filter(pk__in=kept.values()).delete()
+    if kept:
+        GPU.objects.filter(pk__in=kept.values()).delete()
     GPU.objects.bulk_update([row for row in rows if row.pk is not None], GPU_AGENT_FIELDS)
     GPU.objects.bulk_create([row for row in rows if row.pk is None])
     return sorted(index for index, _ in kept)
 
 
-def _replace_hardware(node: Node, inventory: protocol.Inventory) -> list[int]:
-    """Write the node's hardware rows; returns the indices of GPUs gone from it."""
-    dropped = _replace_gpus(node, inventory.gpus)
-    _record_install_changes(node, inventory.provision)
-    for model in (Filesystem, Weights, FabricAttachment, EngineInstall):
-        model.objects.filter(node=node).delete()
+def _replace_hardware(node: Node, inventory: protocol.Inventory, created: bool) -> list[int]:
+    """Write the node's hardware rows; returns the indices of GPUs gone from it.
+
+    A node just created has no rows to read or delete: a fleet's bootstrap
+    then costs one INSERT per table (bench/registration.py).
+    """
+    dropped = _replace_gpus(node, inventory.gpus, created)
+    _record_install_changes(node, inventory.provision, created)
+    if not created:
+        for model in (Filesystem, Weights, FabricAttachment, EngineInstall):
+            model.objects.filter(node=node).delete()
     # The tables whose rows copy the report field for field, each report deduplicated where the table is unique.
     copied = (
         (
@@ -171,16 +179,14 @@ def _replace_hardware(node: Node, inventory: protocol.Inventory) -> list[int]:
     return dropped
 
 
-def _record_install_changes(node: Node, reported: list[protocol.EngineInstall]) -> None:
+def _record_install_changes(node: Node, reported: list[protocol.EngineInstall], created: bool) -> None:
     """An INSTALL event for each engine install whose state differs from the stored one, repeats folded.
 
     Read before the rows are replaced; an install first seen counts as a change
     from nothing, and one the report no longer lists is not an event.
     """
-    stored = {
-        (engine, variant): state
-        for engine, variant, state in EngineInstall.objects.filter(node=node).values_list("engine", "variant", "state")
-    }
+    rows = [] if created else EngineInstall.objects.filter(node=node).values_list("engine", "variant", "state")
+    stored = {(engine, variant): state for engine, variant, state in rows}
     events = []
     for item in reported:
         # Keyed without the version, which an agent often learns only once the install is done.
@@ -200,8 +206,12 @@ def _record_install_changes(node: Node, reported: list[protocol.EngineInstall]) 
                 subject=f"{item.engine} {item.variant}".strip(),
             )
         )
-    # An install that flaps folds into one event: the cost of a flapping node stays flat (issue 22).
-    record_folding_repeats(node.pk, events)
+    if created:
+        # A new node has nothing to fold into: one INSERT.
+        NodeEvent.objects.bulk_create(events)
+    else:
+        # An install that flaps folds into one event: the cost of a flapping node stays flat (issue 22).
+        record_folding_repeats(node.pk, events)
 
 
 def _unique_by(items, key):

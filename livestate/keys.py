@@ -40,11 +40,14 @@ LIMIT_PREFIX = "llmgw:limit:"
 SELF_METRICS = "llmgw:selfmetrics"
 # Lock held by the reconcile pass running now (livestate.locks); expires if its worker dies.
 RECONCILE_LOCK = "llmgw:reconcile"
-# The cluster page's fleet totals, shared by every web worker for a few seconds (nodes/views/summary.py).
+# The cluster page's fleet totals and the node table's sort figures, shared by every web worker
+# for a few seconds (nodes/fleetload.py).
 FLEET_TOTALS = "llmgw:pages:fleet-totals"
 # Hash: gateway instance → JSON of its servers' requests in flight by replica id, with when it was
 # reported (livestate.inflight): written by each gateway's sync every second, read to hold a drain.
 GATEWAY_IN_FLIGHT = "llmgw:gateway:in-flight"
+# One key per sort figure under this prefix (`fleet_sort_figures`).
+FLEET_SORT_FIGURES = "llmgw:pages:fleet-sort-figures"
 # The fleet's part of /metrics, rendered ahead by Celery beat (nodes/metrics/prerender.py).
 METRICS_FLEET = "llmgw:metrics:fleet"
 
@@ -110,3 +113,8 @@ def token_heartbeats(token_digest: str) -> str:
 def limit(name: str, minute: int) -> str:
     """The counter of `name` for the minute numbered `minute` since the epoch."""
     return f"{LIMIT_PREFIX}{name}:{minute}"
+
+
+def fleet_sort_figures(figure: str) -> str:
+    """The fleet's node ids in the order of one sort figure ("cpu", "ram", "load")."""
+    return f"{FLEET_SORT_FIGURES}:{figure}"

@@ -33,8 +33,13 @@ def is_fresh(received_at: float, now: float, margin: float = 0.0) -> bool:
     `margin`: how much longer the caller's answer is kept (a pre-rendered
     /metrics), so that no load older than LLMGW_LOAD_MAX_AGE is ever served.
     """
+    return received_at >= fresh_since(now, margin)
+
+
+def fresh_since(now: float, margin: float = 0.0) -> float:
+    """The oldest arrival time `is_fresh` accepts at `now`: readers of many loads compare with it directly."""
     max_age: float = settings.LLMGW_LOAD_MAX_AGE
-    return now - received_at <= max(max_age - margin, 0.0)
+    return now - max(max_age - margin, 0.0)
 
 
 class StoredLoad(msgspec.Struct, frozen=True):
@@ -135,10 +140,12 @@ def _fetch(node_ids: Iterable[str], shape: type[Stored], fresh_only: bool, now: 
     if not ids:
         return {}
     found: dict[str, Stored] = {}
+    # is_fresh's rule, its cutoff read once rather than once a node.
+    oldest = fresh_since(now) if fresh_only else float("-inf")
     stored_loads = cast(list[bytes | None], livestate.client().mget([keys.load(i) for i in ids]))
     for node_id, raw in zip(ids, stored_loads, strict=True):
         stored = decode(raw, shape) if raw is not None else None
-        if stored is None or (fresh_only and not is_fresh(stored.received_at, now)):
+        if stored is None or stored.received_at < oldest:
             continue
         found[node_id] = stored
     return found

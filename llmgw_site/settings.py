@@ -45,6 +45,9 @@ try:
     LLMGW_BEAT_PERIOD = env_float("LLMGW_BEAT_PERIOD", 5.0, minimum=0.1)
     # How often Celery beat renders the fleet's part of /metrics ahead of the scrapes (nodes/metrics/prerender.py).
     LLMGW_METRICS_RENDER_PERIOD = 10.0
+    # How often Celery beat computes the fleet's totals and sort figures for the cluster page
+    # (nodes/fleetload.py): the page's own refresh period.
+    LLMGW_FLEET_LOAD_PERIOD = 5.0
     # Routes an empty view for bench/heartbeat.py's ceiling; never set in production.
     LLMGW_BENCH_EMPTY_VIEW = env_bool("LLMGW_BENCH_EMPTY_VIEW", False)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
@@ -240,6 +243,11 @@ CELERY_BEAT_SCHEDULE = {
         "task": "nodes.tasks.render_metrics",
         "schedule": LLMGW_METRICS_RENDER_PERIOD,
         "options": {"expires": LLMGW_METRICS_RENDER_PERIOD},
+    },
+    "refresh-fleet-load": {
+        "task": "nodes.tasks.refresh_fleet_load",
+        "schedule": LLMGW_FLEET_LOAD_PERIOD,
+        "options": {"expires": LLMGW_FLEET_LOAD_PERIOD},
     },
 }
 

@@ -17,7 +17,7 @@ from django.http import QueryDict
 
 from inventory.models import GPU, Node, NodeState, state_order
 from inventory.queries import count_per_node, gpu_class_filter, label_filter
-from livestate import loadstore
+from nodes import fleetload
 
 # The node fields a listed row shows (page and API); nothing else is read from the node table.
 ROW_FIELDS = ("id", "hostname", "labels", "operator_labels", "admin_state", "liveness", "last_heartbeat")
@@ -37,13 +37,9 @@ DB_SORTS = {
     "heartbeat": ([], ["-last_heartbeat", "id"]),
 }
 
-# Columns sorted by the current load, read from Redis for every matching node.
-# A node whose load is unknown or too old sorts after every known one.
-LOAD_SORTS: dict[str, Callable[[loadstore.LoadFigures], float]] = {
-    "cpu": lambda f: f.cpu_percent,
-    "ram": lambda f: f.memory_fraction,
-    "load": lambda f: f.load1,
-}
+# Columns sorted by the current load, in the order the last shared computation found
+# (nodes/fleetload.py). A node whose load is unknown or too old sorts after every known one.
+LOAD_SORTS = tuple(fleetload.SORT_FIGURES)
 
 SORTS = sorted(DB_SORTS) + sorted(LOAD_SORTS)
 
@@ -123,17 +119,19 @@ def sorted_nodes(query: TableQuery, now: float) -> SortedNodes:
     """The matching nodes in the table's order; the page and the operators' API both list them through this."""
     nodes = query.nodes()
     if query.sort in LOAD_SORTS:
-        # Sorting by load needs the load of every matching node: one MGET for all of them.
-        key = LOAD_SORTS[query.sort]
+        # The fleet's nodes already in the figure's order, read once by whoever computed them
+        # last: sorting is keeping the matching ones, with no load read again by each request.
         ids = list(nodes.values_list("id", flat=True))
         try:
-            figures = loadstore.fetch_figures(ids, now)
+            order = fleetload.order_by(query.sort, now)
         except redis.RedisError:
-            figures = {}
-        known = [pk for pk in ids if pk in figures]
-        unknown = [pk for pk in ids if pk not in figures]
-        known.sort(key=lambda pk: (key(figures[pk]), pk), reverse=query.descending)
-        ordered = known + unknown
+            order = []
+        matching = set(ids)
+        known = [pk for pk in order if pk in matching]
+        if query.descending:
+            known.reverse()
+        in_order = set(known)
+        ordered = known + [pk for pk in ids if pk not in in_order]
 
         def between(start: int, end: int) -> list[Node]:
             page_ids = ordered[start:end]

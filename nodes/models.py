@@ -119,18 +119,18 @@ class NodeToken(models.Model):
         return not self.secret_digest
 
     @classmethod
-    def issue(cls, node: Node) -> str:
-        """Make a new token for the node, replacing any other; returns it, to show once."""
+    def issue(cls, node: Node, first: bool = False) -> str:
+        """Make a new token for the node, replacing any other; returns it, to show once.
+
+        `first`: the node was created in this transaction, so it has no token
+        yet and one INSERT does (update_or_create costs a savepoint and a locking read more).
+        """
         secret = new_secret()
-        cls.objects.update_or_create(
-            node=node,
-            defaults={
-                "secret_digest": digest(secret),
-                "issued_at": timezone.now(),
-                "revoked_at": None,
-                "revoked_by": "",
-            },
-        )
+        fields = {"secret_digest": digest(secret), "issued_at": timezone.now(), "revoked_at": None, "revoked_by": ""}
+        if first:
+            cls.objects.create(node=node, **fields)
+        else:
+            cls.objects.update_or_create(node=node, defaults=fields)
         return f"{node.pk}.{secret}"
 
     def revoke(self, actor: str) -> bool:

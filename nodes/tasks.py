@@ -6,6 +6,7 @@ import time
 
 from celery import shared_task
 
+from nodes import fleetload
 from nodes.metrics import prerender
 
 
@@ -13,3 +14,9 @@ from nodes.metrics import prerender
 def render_metrics() -> int:
     """Render the fleet's part of /metrics ahead of the scrapes (nodes/metrics/prerender.py); its gzipped size."""
     return prerender.store(time.time())
+
+
+@shared_task
+def refresh_fleet_load() -> int:
+    """Share the fleet's totals and sort figures ahead of the cluster pages (nodes/fleetload.py); nodes reporting."""
+    return fleetload.refresh(time.time())[0].reporting

@@ -158,3 +158,28 @@ def test_a_node_id_with_dots_and_colons_gets_a_working_token(client):
     token = register(client, "rack1.gpu-1:a")
     assert token.startswith("rack1.gpu-1:a.")
     assert reply_of(heartbeat(client, token, protocol.Heartbeat())).state == "ready"
+
+
+def test_a_new_node_registers_in_one_insert_per_table_whatever_its_inventory(client, django_assert_num_queries):
+    """A fleet's bootstrap is bound by round trips to the database: a new node reads and deletes nothing.
+
+    The soak's inventory (bench/fleetlib/bodies.py) fills every hardware table: 8 GPUs,
+    filesystems, weights, fabrics and engine installs, one INSERT each.
+    """
+    import random
+
+    from bench.fleetlib import bodies
+
+    message, _ = bodies.registration(3, random.Random(3))
+    inventory = message.inventory
+    assert inventory.gpus and inventory.filesystems and inventory.weights and inventory.fabrics and inventory.provision
+    # The node's locking read and INSERT, the inventory's savepoint and its release, five
+    # hardware INSERTs, the install events and the registration event, the token: 12, and the
+    # savepoint and release this test's own transaction turns the view's transaction into.
+    with django_assert_num_queries(14):
+        response = post(client, "/api/v1/register", message, JOIN_TOKEN)
+    assert response.status_code == 200, response.content
+    node = Node.objects.get(pk=message.node_id)
+    assert node.gpus.count() == len(inventory.gpus)
+    assert node.filesystems.count() == len({fs.mount for fs in inventory.filesystems})
+    assert NodeToken.objects.filter(node=node).exclude(secret_digest="").exists()

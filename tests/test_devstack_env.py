@@ -68,6 +68,9 @@ def test_the_whole_example_is_what_the_stacks_processes_are_set_to(tmp_path):
     if not given["LLMGW_JOIN_TOKEN"]:
         # None given: the stack makes one for its own agent (below), and the control plane reads it from the file.
         expected["LLMGW_JOIN_TOKEN"] = stack.join_token_file.read_text()
+    if not given["LLMGW_ENGINE_SCRAPE_KEY"]:
+        # Likewise the key Prometheus scrapes engines with: made once, kept in var/.
+        expected["LLMGW_ENGINE_SCRAPE_KEY"] = (stack.var / "engine-scrape-key").read_text()
     for name, text in expected.items():
         value = seen[name]
         if isinstance(value, bool):

@@ -135,6 +135,7 @@ OTHER_SENSES = {
     ("llmgwctl/main.py", "command"): "argparse's name for the sub-command",
     ("agent/demo_engine.py", "demo"): "the model name the stand-in serves by default",
     ("inventory/management/commands/setup_demo.py", "demo"): "the demo deployment's name and model",
+    ("gateway/management/commands/ensure_demo_key.py", "demo"): "the demo tenant's name",
 }
 
 

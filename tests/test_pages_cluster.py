@@ -14,7 +14,8 @@ from devstack.faults import redis_unreachable
 from inventory.models import GPU, Node
 from inventory.registration import upsert_inventory
 from livestate import loadstore
-from nodes.views.summary import TOTALS_KEY, TOTALS_MAX_AGE
+from nodes import fleetload
+from nodes.tasks import refresh_fleet_load
 from tests.factories import make_fleet, make_inventory
 
 HTMX = {"HTTP_HX_REQUEST": "true"}
@@ -255,10 +256,10 @@ def test_query_count_does_not_grow_with_the_fleet(viewer, client, redis_client, 
         make_fleet(size, prefix=prefix)
         for url in ("/", "/?sort=-cpu&state=ready", "/?sort=gpus&label=zone=a&gpu=H100-80GB"):
             # Session, user, states, count (or the matching ids when sorting by load), the page and
-            # four prefetches; when the shared fleet totals have expired, also the ids and the GPUs;
+            # four prefetches; when the shared fleet figures are missing, also the ids and the GPUs;
             # the whole page (not its refresh) also lists the served models.
             models = 0 if partial else 1
-            redis_client.delete(TOTALS_KEY)
+            fleetload.forget()
             with django_assert_num_queries(11 + models) as computing:
                 assert client.get(url, **extra).status_code == 200
             with django_assert_num_queries(9 + models) as shared:
@@ -272,9 +273,9 @@ def test_fleet_totals_are_shared_for_a_refresh_period(viewer_client, cluster, re
     assert "96.0</span> of 192 cores busy" in viewer_client.get("/").content.decode()
     loadstore.save("cordoned-1", load(50.0), time.time())
     assert "96.0</span> of 192 cores busy" in viewer_client.get("/").content.decode()
-    ttl = redis_client.pttl(TOTALS_KEY)
-    assert 0 < ttl <= TOTALS_MAX_AGE * 1000
-    redis_client.delete(TOTALS_KEY)
+    ttl = redis_client.pttl(fleetload.TOTALS_KEY)
+    assert 0 < ttl <= fleetload.shared_seconds() * 1000
+    fleetload.forget()
     assert "192.0</span> of 384 cores busy" in viewer_client.get("/").content.decode()
 
 
@@ -285,3 +286,37 @@ def test_no_inline_script_so_a_strict_policy_holds(viewer_client, cluster, redis
     for tag in re.findall(r"<script[^>]*>", html):
         assert "src=" in tag, tag
     assert " style=" not in html
+
+
+def test_celery_beat_computes_the_fleet_figures_within_the_pages_refresh(
+    viewer, client, cluster, redis_client, settings, django_assert_num_queries
+):
+    entry = settings.CELERY_BEAT_SCHEDULE["refresh-fleet-load"]
+    assert entry["task"] == refresh_fleet_load.name
+    assert entry["schedule"] == settings.LLMGW_FLEET_LOAD_PERIOD
+    assert fleetload.shared_seconds() > settings.LLMGW_FLEET_LOAD_PERIOD
+    loadstore.save("ready-1", load(50.0), time.time())
+    fleetload.forget()
+    assert refresh_fleet_load() == 1
+    client.force_login(viewer)
+    # Neither the summary nor the sort by load reads the fleet's ids or GPUs: the task did
+    # (the whole page's tenth query lists the served models).
+    with django_assert_num_queries(10):
+        html = client.get("/?sort=-cpu").content.decode()
+    assert "96.0</span> of 192 cores busy" in html
+    assert row_ids(html)[0] == "ready-1"
+
+
+def test_a_table_sorted_by_load_keeps_the_order_of_the_last_computation_and_shows_current_loads(
+    viewer_client, cluster, redis_client
+):
+    now = time.time()
+    loadstore.save("ready-1", load(10.0), now)
+    loadstore.save("cordoned-1", load(90.0), now)
+    assert row_ids(viewer_client.get("/?sort=-cpu").content.decode())[:2] == ["cordoned-1", "ready-1"]
+    loadstore.save("ready-1", load(95.0), now)
+    html = viewer_client.get("/?sort=-cpu").content.decode()
+    assert row_ids(html)[:2] == ["cordoned-1", "ready-1"]
+    assert "95%" in html
+    refresh_fleet_load()
+    assert row_ids(viewer_client.get("/?sort=-cpu").content.decode())[:2] == ["ready-1", "cordoned-1"]

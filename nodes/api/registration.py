@@ -42,7 +42,7 @@ def register_node(
         node, created = upsert_inventory(
             message.node_id, message.inventory, message.inventory_hash, now=now, source_addr=as_ip(address)
         )
-        token = NodeToken.issue(node)
+        token = NodeToken.issue(node, first=created)
         if not created:
             touch(node, now)
         record_registration(node, created, actor=f"agent (join token: {joined_with})"[:150])

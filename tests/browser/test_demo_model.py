@@ -1,7 +1,8 @@
 """The real demo, as `make run` starts it: SmolLM2-135M-Instruct fetched in the background, llama.cpp installed
 by the agent (from the shared cache here; docs/engines.md has the cold build's time), the replica running, the
-README's question answered rightly at the endpoint the node page shows, and the node page in Chromium showing
-the engine's cores above zero while it answers."""
+README's question answered rightly through the gateway with the demo tenant's key (the engine itself, at the
+endpoint the node page shows, answers only the gateway), and the node page in Chromium showing the engine's
+cores above zero while it answers."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import urllib.request
 
 import pytest
 
+from devstack import gateway
 from devstack.polling import wait_until
 from devstack.ports import free_port
 from devstack.stack import Stack
@@ -25,15 +27,27 @@ INSTALL_TIMEOUT = 45 * 60
 PASSWORD = "demo-pass-model"
 
 
-def ask(endpoint: str, question: str, max_tokens: int, **extra) -> dict:
-    """What the README's curl does: at temperature 0, so the answer is the same on every run."""
-    payload = {"messages": [{"role": "user", "content": question}], "max_tokens": max_tokens, "temperature": 0}
+def ask(gateway: str, key: str, question: str, max_tokens: int, **extra) -> dict:
+    """What the README's curl does: through the gateway with a key, at temperature 0, so the answer is the same
+    on every run."""
+    payload = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": question}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+    }
     body = json.dumps({**payload, **extra}).encode()
-    request = urllib.request.Request(
-        f"{endpoint}/chat/completions", body, {"Content-Type": "application/json"}, method="POST"
-    )
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
+    request = urllib.request.Request(f"{gateway}/chat/completions", body, headers, method="POST")
     with urllib.request.urlopen(request, timeout=900) as response:
         return json.load(response)
+
+
+def served(gateway: str, key: str) -> list[str]:
+    """The models the gateway lists as ready (GET /v1/models)."""
+    request = urllib.request.Request(f"{gateway}/models", headers={"Authorization": f"Bearer {key}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return [model["id"] for model in json.load(response)["data"]]
 
 
 def test_make_run_serves_a_model_that_answers_and_the_node_page_shows_it_working(tmp_path, redis_server, page):
@@ -67,6 +81,12 @@ def test_make_run_serves_a_model_that_answers_and_the_node_page_shows_it_working
         stack.manage("ensure_admin", "--password-stdin", stdin=f"{PASSWORD}\n", capture=True)
         stack.start_web()
         stack.start(stack.celery_part())
+        gateway_port = free_port()
+        for part in gateway.parts(stack, port=gateway_port):
+            stack.start(part)
+        key = gateway.demo_key(stack)
+        assert key is not None
+        through_gateway = f"http://127.0.0.1:{gateway_port}/v1"
         stack.manage("setup_demo", "--var-dir", str(tmp_path), "--control-plane", base, capture=True)
         stack.fetch_demo_model()
         stack.start(stack.agent_part())
@@ -80,8 +100,10 @@ def test_make_run_serves_a_model_that_answers_and_the_node_page_shows_it_working
         assert re.fullmatch(r"http://[^:/]+:\d+/v1", endpoint), endpoint
         assert page.locator("li[data-install-state='ready']").count() == 1
 
+        # The gateway's sync takes the running replica in within a second or so.
+        wait_until(lambda: "smollm2" in served(through_gateway, key), 30, "the gateway listing the model")
         # The README's question: an instruction-tuned model answers it, and rightly.
-        answer = ask(endpoint, "What is the capital of France?", 32)
+        answer = ask(through_gateway, key, "What is the capital of France?", 32)
         assert "Paris" in answer["choices"][0]["message"]["content"], answer
 
         # The model answers fast, so it is kept busy until the page has shown it working: one long
@@ -91,7 +113,7 @@ def test_make_run_serves_a_model_that_answers_and_the_node_page_shows_it_working
 
         def keep_asking() -> None:
             while not seen.is_set():
-                answers.append(ask(endpoint, "Count from one to a hundred.", 200, ignore_eos=True))
+                answers.append(ask(through_gateway, key, "Count from one to a hundred.", 200, ignore_eos=True))
 
         asking = threading.Thread(target=keep_asking)
         asking.start()
