@@ -265,15 +265,24 @@ def _record(
             return True
         except redis.RedisError as exc:
             _warn_redis_down(REDIS_DOWN, exc)
-    liveness.touch(Node(pk=card.node_id, liveness=card.liveness), datetime.fromtimestamp(received_at, UTC))
+    # A cached card's liveness may be older than the database's (NodeCard.liveness); one just read is not.
+    known = card.liveness if not admitted.cached else _liveness_in_database(card.node_id)
+    if known is not None:
+        liveness.touch(Node(pk=card.node_id, liveness=known), datetime.fromtimestamp(received_at, UTC))
     return False
+
+
+def _liveness_in_database(node_id: str) -> str | None:
+    return Node.objects.filter(pk=node_id).values_list("liveness", flat=True).first()
 
 
 def _as_revived(card: NodeCard) -> NodeCard:
     """The card as it will be once the heartbeat is applied: alive, its admin state untouched.
 
     An unreachable or lost node's heartbeat is noted in Redis, and the next
-    flush (a few seconds away) writes its revival; the node is told now.
+    flush (a few seconds away) writes its revival; the node is told now. So
+    whatever liveness the card says, cached or not, the reply is the same: that
+    is why changes of liveness leave cached cards current.
     """
     if card.liveness == Liveness.ALIVE:
         return card

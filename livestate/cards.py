@@ -4,8 +4,9 @@ An ordinary heartbeat must not read the database: at 2,000 heartbeats a second
 that read would be most of the cost. So each node has a *card* in Redis (its
 token digest, liveness, admin state and inventory hash) and a *generation*
 counter. Whatever changes what a card holds bumps the node's generation
-(`invalidate`); a card remembers the generation it was read under and is used
-only while that is still the current one. Building a card from the database is
+(`invalidate`), but for liveness (see `NodeCard.liveness`); a card remembers
+the generation it was read under and is used only while that is still the
+current one. Building a card from the database is
 the web app's business (nodes/api/cards.py), which also decides when to
 invalidate.
 
@@ -42,6 +43,9 @@ class NodeCard(msgspec.Struct, array_like=True):
     node_id: str
     # Empty once the token is revoked: no secret matches it.
     secret_digest: str
+    # As the database had it when the card was read: changes of liveness leave cards current
+    # (a heartbeat answers its node as alive whatever this says), so only a card just read
+    # from the database tells the node's liveness.
     liveness: str
     admin_state: str
     inventory_hash: str
@@ -65,31 +69,6 @@ def invalidate(node_id: str) -> None:
     """Make every cached card of the node stale, now and once the transaction commits."""
     _bump(node_id)
     transaction.on_commit(lambda: _bump(node_id))
-
-
-def invalidate_many(node_ids: list[str]) -> None:
-    """`invalidate` for many nodes: their cached cards stale now and once the transaction commits.
-
-    Bulk changes (`QuerySet.update`, raw SQL) send no `post_save`, so the
-    receivers that invalidate a node's cards on its events never hear of them:
-    whoever changes many nodes at once calls this.
-    """
-    if node_ids:
-        _bump_many(node_ids)
-        transaction.on_commit(lambda: _bump_many(node_ids))
-
-
-# One command for a whole batch rather than a pipeline of one INCR per node:
-# less for redis-py to pack and parse, and one reply.
-_BUMP_EACH = "for _, key in ipairs(KEYS) do redis.call('INCR', key) end return #KEYS"
-
-
-def _bump_many(node_ids: list[str]) -> None:
-    try:
-        client = livestate.client()
-        client.eval(_BUMP_EACH, len(node_ids), *(keys.generation(node_id) for node_id in node_ids))
-    except redis.RedisError as exc:
-        log.warning("%d node cards not invalidated (they expire in %d s): %s", len(node_ids), CARD_TTL_SECONDS, exc)
 
 
 def _bump(node_id: str) -> None:

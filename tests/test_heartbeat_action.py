@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from agent import protocol
 from inventory import heartbeat
@@ -108,6 +109,20 @@ def test_a_lost_node_is_answered_alive_at_once_and_revived_by_the_flush(token):
 
     assert receive(token, protocol.Heartbeat()).state == "ready"
     assert Node.objects.get(pk="gpu-1").liveness == Liveness.LOST, "the sweep's flush writes the revival"
+
+
+def test_redis_failing_after_admission_still_revives_a_node_whose_cached_card_says_alive(token, monkeypatch):
+    receive(token, protocol.Heartbeat())  # the card, alive, is cached
+    # The sweep marked it unreachable; changes of liveness leave the card current, saying alive.
+    Node.objects.filter(pk="gpu-1").update(liveness=Liveness.UNREACHABLE)
+
+    def redis_gone(*args, **kwargs):
+        raise redis.ConnectionError("Redis went away after the beat script ran")
+
+    monkeypatch.setattr(heartbeat.heartbeats, "record", redis_gone)
+    beat = protocol.Heartbeat(inventory=make_inventory("gpu-1.example", gpus=2), inventory_hash="h2")
+    assert receive(token, beat).state == "ready"
+    assert Node.objects.get(pk="gpu-1").liveness == Liveness.ALIVE, "written to the database, as Redis could not be"
 
 
 @pytest.mark.parametrize("module", ["nodes/api/views.py", "nodes/api/fastpath.py"])

@@ -1,10 +1,13 @@
 """A node's card (livestate.cards) as the database has it, and the saves that make cached cards stale.
 
-Every change of what a card holds records a NodeEvent (liveness, admin state,
+Every change of what a card holds records a NodeEvent (admin state,
 registration, token revocation) or saves or deletes a NodeToken or a Node, so
 the receivers below invalidate the node's cards on those saves without the code
 that makes the change having to know about this cache. They are connected in
-`NodesConfig.ready()`.
+`NodesConfig.ready()`. A change of liveness leaves the cards current
+(`livestate.cards.NodeCard.liveness`): a heartbeat answers its node as alive
+whatever its card says, so a fleet coming back after a partition, revived by the
+sweep's flush, keeps its cards.
 """
 
 from __future__ import annotations
@@ -62,7 +65,8 @@ def proven(node_id: str, secret: str, generation: int = 0) -> NodeCard | None:
 
 
 def _on_event(sender, instance: NodeEvent, **kwargs) -> None:
-    invalidate(instance.node_id)
+    if instance.kind != NodeEvent.Kind.LIVENESS:
+        invalidate(instance.node_id)
 
 
 def _on_token(sender, instance: NodeToken, **kwargs) -> None:
