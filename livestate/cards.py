@@ -22,6 +22,7 @@ the backstop for that case, and until then heartbeats go to the database anyway.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import msgspec
 import redis
@@ -63,6 +64,22 @@ def decode(raw: bytes) -> NodeCard:
 def store(pipe: Pipeline, card: NodeCard) -> None:
     """Queue the card on a pipeline the caller sends anyway."""
     pipe.set(keys.card(card.node_id), _encoder.encode(card), ex=CARD_TTL_SECONDS)
+
+
+def store_current(node_id: str, read: Callable[[int], NodeCard | None]) -> None:
+    """Cache the node's card as `read(generation)` builds it from the database under the current generation.
+
+    The generation is fetched first, as by every reader, so a change committed
+    meanwhile leaves the stored card stale rather than wrong. Redis down: nothing
+    is stored, and the node's first heartbeat reads its card as before.
+    """
+    try:
+        client = livestate.client()
+        card = read(int(client.get(keys.generation(node_id)) or 0))
+        if card is not None:
+            client.set(keys.card(node_id), _encoder.encode(card), ex=CARD_TTL_SECONDS)
+    except redis.RedisError as exc:
+        log.warning("node card of %s not cached (its first heartbeat reads it): %s", node_id, exc)
 
 
 def invalidate(node_id: str) -> None:

@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from agent import protocol
 from inventory import heartbeat
-from inventory.models import Liveness, Node
+from inventory.models import Liveness, Node, Shard
 from livestate import cards, keys, loadstore, selfmetrics
 from nodes.api.cards import proven
 from nodes.models import split_token
@@ -109,6 +111,25 @@ def test_a_lost_node_is_answered_alive_at_once_and_revived_by_the_flush(token):
 
     assert receive(token, protocol.Heartbeat()).state == "ready"
     assert Node.objects.get(pk="gpu-1").liveness == Liveness.LOST, "the sweep's flush writes the revival"
+
+
+def test_a_node_just_registered_finds_its_card_cached_and_its_old_token_is_refused_by_the_script(
+    client, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        old = register(client, "gpu-2")
+    with django_capture_on_commit_callbacks(execute=True):
+        new = register(client, "gpu-2")  # registering again issues a new token and caches the card anew
+
+    with CaptureQueriesContext(connection) as first_beat:
+        assert receive(new, protocol.Heartbeat(load=a_load())).state == "ready"
+    # No card read: only the node's shards, whose list nothing has cached yet.
+    assert [q["sql"].split(" FROM ")[1].split()[0].strip('"') for q in first_beat.captured_queries] == [
+        Shard._meta.db_table
+    ]
+    with pytest.raises(heartbeat.WrongToken) as refused:
+        receive(old, protocol.Heartbeat())
+    assert refused.value.counted is True, "refused by the beat script, against the cached card"
 
 
 def test_redis_failing_after_admission_still_revives_a_node_whose_cached_card_says_alive(token, monkeypatch):

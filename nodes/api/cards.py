@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from functools import cache
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.signals import post_delete, post_save
 
 from inventory.models import Node, NodeEvent
-from livestate.cards import NodeCard, invalidate
+from livestate.cards import NodeCard, invalidate, store_current
 from nodes.models import NodeToken, digest_matches
 
 
@@ -62,6 +62,16 @@ def proven(node_id: str, secret: str, generation: int = 0) -> NodeCard | None:
     if card is None or not digest_matches(secret, card.secret_digest):
         return None
     return card
+
+
+def cache_after_commit(node_id: str) -> None:
+    """Cache the node's card once the transaction commits, so that its next heartbeat finds it.
+
+    A registration calls it: a fleet registering, then beating, would otherwise
+    send every node's first heartbeat to the database. Run after the commit's own
+    invalidations (registered before it), under the generation they leave.
+    """
+    transaction.on_commit(lambda: store_current(node_id, lambda generation: from_database(node_id, generation)))
 
 
 def _on_event(sender, instance: NodeEvent, **kwargs) -> None:
