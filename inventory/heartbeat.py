@@ -113,8 +113,9 @@ class _Admitted:
     # The card came from Redis, current: no need to store it again.
     cached: bool
     redis_up: bool
-    # The beat script has noted the heartbeat and stored its load, and read the node's shards.
+    # The beat script has noted the heartbeat and stored its load.
     applied: bool = False
+    # The node's shard version and cached list as the beat script read them (applied or stale).
     shard_version: tuple[int, int] | None = None
     cached_shards: bytes | None = None
 
@@ -194,7 +195,13 @@ def _admit(sender: Sender, received_at: float, beat: protocol.Heartbeat | None) 
             newest = _advance_sequence(node_id, boot_id, seq)
             if newest is not None:
                 raise Replayed(seq, newest)
-            return _Admitted(card, cached=False, redis_up=True)
+            return _Admitted(
+                card,
+                cached=False,
+                redis_up=True,
+                shard_version=verdict.shard_version,
+                cached_shards=verdict.cached_shards,
+            )
         case beatscript.LOCKED:
             raise TooManyWrongTokens()
         case beatscript.RATE:
@@ -241,7 +248,9 @@ def _store_inventory(
 
 def _orders(admitted: _Admitted, beat: protocol.Heartbeat, evidence: bool) -> desired.Orders:
     node_id = admitted.card.node_id
-    if admitted.applied and admitted.shard_version is not None and not evidence:
+    # The beat script's read of the shards, unless a new inventory stored since or GPU evidence
+    # may have failed a replica.
+    if admitted.shard_version is not None and beat.inventory is None and not evidence:
         orders = desired.from_cache(node_id, admitted.shard_version, admitted.cached_shards, beat.shards)
         if orders is not None:
             return orders

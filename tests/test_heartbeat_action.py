@@ -16,7 +16,7 @@ from inventory import heartbeat
 from inventory.models import Liveness, Node, Shard
 from livestate import cards, keys, loadstore, selfmetrics
 from nodes.api.cards import proven
-from nodes.models import split_token
+from nodes.models import NodeToken, split_token
 from tests.agentapi import JOIN_TOKEN, a_load, register
 from tests.factories import make_inventory
 
@@ -130,6 +130,18 @@ def test_a_node_just_registered_finds_its_card_cached_and_its_old_token_is_refus
     with pytest.raises(heartbeat.WrongToken) as refused:
         receive(old, protocol.Heartbeat())
     assert refused.value.counted is True, "refused by the beat script, against the cached card"
+
+
+def test_a_stale_card_is_read_again_but_a_current_shard_list_is_used_as_cached(token):
+    receive(token, protocol.Heartbeat(load=a_load()))  # the card and the shard list are cached
+    cards.invalidate("gpu-1")
+
+    with CaptureQueriesContext(connection) as beat:
+        assert receive(token, protocol.Heartbeat(load=a_load())).state == "ready"
+    # The card's query only: the beat script handed back the shard list with its verdict.
+    assert [q["sql"].split(" FROM ")[1].split()[0].strip('"') for q in beat.captured_queries] == [
+        NodeToken._meta.db_table
+    ]
 
 
 def test_redis_failing_after_admission_still_revives_a_node_whose_cached_card_says_alive(token, monkeypatch):
