@@ -32,6 +32,8 @@ class Orders(NamedTuple):
 
     shards: list[protocol.ShardSpec]
     engines: list[protocol.EngineWant]
+    # What `orders(..., defer_cache=True)` left for its caller to cache, on a pipeline it sends anyway.
+    to_cache: CachedShards | None = None
 
 
 def from_cache(
@@ -54,6 +56,7 @@ def orders(
     reports: Iterable[protocol.ShardStatus] | None = None,
     use_cache: bool = True,
     version: tuple[int, int] | None = None,
+    defer_cache: bool = False,
 ) -> Orders:
     """Apply the agent's shard reports (None: no report to apply), then return what it should run and install.
 
@@ -63,6 +66,8 @@ def orders(
     False (Redis is known to be down) goes to the database without asking Redis.
     `version` is the node's shard version when the caller has just read it and
     found the cache of no use: the database is read at once, and cached under it.
+    `defer_cache` leaves the caching to the caller (`Orders.to_cache`), which
+    saves the heartbeat a round trip of its own.
     """
     if not use_cache:
         version = None
@@ -90,7 +95,10 @@ def orders(
     # After writing, the version has moved: the next heartbeat reads again. A hold ends with no
     # change of version (the gateways' requests finish), so while one lasts nothing is cached.
     if version is not None and not effects and not held:
-        _store_cache(node_id, version, shards, result)
+        cached = _cache_entry(version, shards, result)
+        if defer_cache:
+            return result._replace(to_cache=cached)
+        shardlists.store(node_id, cached)
     return result
 
 
@@ -105,11 +113,11 @@ _node_shards = CompiledQuery(
 )
 
 
-def _store_cache(node_id: str, version: tuple[int, int], shards: list[Shard], result: Orders) -> None:
+def _cache_entry(version: tuple[int, int], shards: list[Shard], result: Orders) -> CachedShards:
     facts = [
         ShardFacts(s.shard_id, s.state, s.reason, s.metrics_port, ReplicaName(s.replica.replica_id)) for s in shards
     ]
-    shardlists.store(node_id, CachedShards(version, facts, result.shards, result.engines))
+    return CachedShards(version, facts, result.shards, result.engines)
 
 
 def _leaders(replicas) -> dict[int, str]:

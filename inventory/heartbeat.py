@@ -44,6 +44,7 @@ from inventory.registration import ReplayedInventory, as_ip, upsert_inventory
 from lib.logs import OccasionalWarning
 from livestate import beatscript, heartbeats, limits, loadstore, selfmetrics, sequence, sweeprecord
 from livestate.cards import NodeCard
+from livestate.shardlists import CachedShards
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def receive(sender: Sender, beat: protocol.Heartbeat, received_at: float, starte
         _tally.add(counts)
         noted = True
     else:
-        noted = _record(admitted, card, beat, received_at, counts)
+        noted = _record(admitted, card, beat, received_at, counts, orders.to_cache)
     if noted:
         _pulse.accepted(received_at)
     return heartbeat_reply(_as_revived(card), beat, orders)
@@ -254,14 +255,20 @@ def _orders(admitted: _Admitted, beat: protocol.Heartbeat, evidence: bool) -> de
         orders = desired.from_cache(node_id, admitted.shard_version, admitted.cached_shards, beat.shards)
         if orders is not None:
             return orders
-        return desired.orders(node_id, beat.shards, version=admitted.shard_version)
+        # Cached with the rest of what the script did not write, when there is any.
+        return desired.orders(node_id, beat.shards, version=admitted.shard_version, defer_cache=not admitted.applied)
     return desired.orders(node_id, beat.shards, use_cache=admitted.redis_up)
 
 
 def _record(
-    admitted: _Admitted, card: NodeCard, beat: protocol.Heartbeat, received_at: float, counts: dict[str, float]
+    admitted: _Admitted,
+    card: NodeCard,
+    beat: protocol.Heartbeat,
+    received_at: float,
+    counts: dict[str, float],
+    shards: CachedShards | None,
 ) -> bool:
-    """Write what the beat script did not: the heartbeat's time, load, card and count; whether Redis took them.
+    """Write what the beat script did not (time, load, card, shard list, count); whether Redis took them.
 
     Noted like any heartbeat, even a node's coming back to life: the sweep's
     flush revives it. While Redis is down the time, and a revival, go to the
@@ -270,7 +277,7 @@ def _record(
     if admitted.redis_up:
         changed_card = None if admitted.cached and beat.inventory is None else card
         try:
-            heartbeats.record(card.node_id, received_at, beat.load, changed_card, counts)
+            heartbeats.record(card.node_id, received_at, beat.load, changed_card, counts, shards)
             return True
         except redis.RedisError as exc:
             _warn_redis_down(REDIS_DOWN, exc)
