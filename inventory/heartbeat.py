@@ -44,6 +44,7 @@ from inventory.registration import ReplayedInventory, as_ip, upsert_inventory
 from lib.logs import OccasionalWarning
 from livestate import beatscript, heartbeats, limits, loadstore, selfmetrics, sequence, sweeprecord
 from livestate.cards import NodeCard
+from livestate.shardlists import CachedShards
 
 log = logging.getLogger(__name__)
 
@@ -113,8 +114,9 @@ class _Admitted:
     # The card came from Redis, current: no need to store it again.
     cached: bool
     redis_up: bool
-    # The beat script has noted the heartbeat and stored its load, and read the node's shards.
+    # The beat script has noted the heartbeat and stored its load.
     applied: bool = False
+    # The node's shard version and cached list as the beat script read them (applied or stale).
     shard_version: tuple[int, int] | None = None
     cached_shards: bytes | None = None
 
@@ -150,7 +152,7 @@ def receive(sender: Sender, beat: protocol.Heartbeat, received_at: float, starte
         _tally.add(counts)
         noted = True
     else:
-        noted = _record(admitted, card, beat, received_at, counts)
+        noted = _record(admitted, card, beat, received_at, counts, orders.to_cache)
     if noted:
         _pulse.accepted(received_at)
     return heartbeat_reply(_as_revived(card), beat, orders)
@@ -194,7 +196,13 @@ def _admit(sender: Sender, received_at: float, beat: protocol.Heartbeat | None) 
             newest = _advance_sequence(node_id, boot_id, seq)
             if newest is not None:
                 raise Replayed(seq, newest)
-            return _Admitted(card, cached=False, redis_up=True)
+            return _Admitted(
+                card,
+                cached=False,
+                redis_up=True,
+                shard_version=verdict.shard_version,
+                cached_shards=verdict.cached_shards,
+            )
         case beatscript.LOCKED:
             raise TooManyWrongTokens()
         case beatscript.RATE:
@@ -241,18 +249,26 @@ def _store_inventory(
 
 def _orders(admitted: _Admitted, beat: protocol.Heartbeat, evidence: bool) -> desired.Orders:
     node_id = admitted.card.node_id
-    if admitted.applied and admitted.shard_version is not None and not evidence:
+    # The beat script's read of the shards, unless a new inventory stored since or GPU evidence
+    # may have failed a replica.
+    if admitted.shard_version is not None and beat.inventory is None and not evidence:
         orders = desired.from_cache(node_id, admitted.shard_version, admitted.cached_shards, beat.shards)
         if orders is not None:
             return orders
-        return desired.orders(node_id, beat.shards, version=admitted.shard_version)
+        # Cached with the rest of what the script did not write, when there is any.
+        return desired.orders(node_id, beat.shards, version=admitted.shard_version, defer_cache=not admitted.applied)
     return desired.orders(node_id, beat.shards, use_cache=admitted.redis_up)
 
 
 def _record(
-    admitted: _Admitted, card: NodeCard, beat: protocol.Heartbeat, received_at: float, counts: dict[str, float]
+    admitted: _Admitted,
+    card: NodeCard,
+    beat: protocol.Heartbeat,
+    received_at: float,
+    counts: dict[str, float],
+    shards: CachedShards | None,
 ) -> bool:
-    """Write what the beat script did not: the heartbeat's time, load, card and count; whether Redis took them.
+    """Write what the beat script did not (time, load, card, shard list, count); whether Redis took them.
 
     Noted like any heartbeat, even a node's coming back to life: the sweep's
     flush revives it. While Redis is down the time, and a revival, go to the
@@ -261,19 +277,29 @@ def _record(
     if admitted.redis_up:
         changed_card = None if admitted.cached and beat.inventory is None else card
         try:
-            heartbeats.record(card.node_id, received_at, beat.load, changed_card, counts)
+            heartbeats.record(card.node_id, received_at, beat.load, changed_card, counts, shards)
             return True
         except redis.RedisError as exc:
             _warn_redis_down(REDIS_DOWN, exc)
-    liveness.touch(Node(pk=card.node_id, liveness=card.liveness), datetime.fromtimestamp(received_at, UTC))
+    # A cached card's liveness may be older than the database's (NodeCard.liveness); one just read is not.
+    known = card.liveness if not admitted.cached else _liveness_in_database(card.node_id)
+    if known is not None:
+        liveness.touch(Node(pk=card.node_id, liveness=known), datetime.fromtimestamp(received_at, UTC))
     return False
+
+
+def _liveness_in_database(node_id: str) -> str | None:
+    found = Node.objects.filter(pk=node_id).values_list("liveness", flat=True).first()
+    return None if found is None else str(found)
 
 
 def _as_revived(card: NodeCard) -> NodeCard:
     """The card as it will be once the heartbeat is applied: alive, its admin state untouched.
 
     An unreachable or lost node's heartbeat is noted in Redis, and the next
-    flush (a few seconds away) writes its revival; the node is told now.
+    flush (a few seconds away) writes its revival; the node is told now. So
+    whatever liveness the card says, cached or not, the reply is the same: that
+    is why changes of liveness leave cached cards current.
     """
     if card.liveness == Liveness.ALIVE:
         return card

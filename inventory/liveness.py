@@ -14,10 +14,12 @@ database directly (`touch`), and revive its node there.
 
 Changes of many nodes at once (revivals, unreachable marking) are one
 compare-and-set UPDATE per batch of ids (`... WHERE liveness = old RETURNING id`)
-and one INSERT of their events, all batches in one transaction; neither sends
-`post_save`, so these paths make the nodes' cached cards stale themselves
-(`livestate.cards.invalidate_many`). A batch that raises is undone alone (a
-savepoint) and done again node by node, so one bad row cannot stop the others.
+and one INSERT of their events, all batches in one transaction. Neither leaves
+the nodes' cached cards stale, nor does any change of liveness: a heartbeat
+answers its node as alive whatever its card says (`inventory.heartbeat`), so a
+fleet coming back after a partition stays on the heartbeat's cheap path. A
+batch that raises is undone alone (a savepoint) and done again node by node, so
+one bad row cannot stop the others.
 
 When most of the fleet is unreachable at once (more than
 LLMGW_DISRUPTION_THRESHOLD of the nodes not lost, and at least two), the sweep
@@ -45,7 +47,7 @@ from inventory.events import change_and_record
 from inventory.models import RUN_STATES, Allocation, Liveness, Node, NodeEvent, ReplicaState, Shard
 from inventory.replicas import fail_replicas
 from lib.logs import OccasionalWarning
-from livestate import cards, heartbeats
+from livestate import heartbeats
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +210,6 @@ def _change_batch(node_ids: list[str], old: str, new: str, reason: str, at: date
             at_value = connection.ops.adapt_datetimefield_value(at)
             params = [at_value, NodeEvent.Kind.LIVENESS.value, old, new, reason, "system", *changed]
             cursor.execute(_events_sql(len(changed)), params)
-            cards.invalidate_many(changed)
     return changed
 
 

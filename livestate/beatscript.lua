@@ -54,15 +54,22 @@ if count(rate_key) > tonumber(heartbeats_allowed) then
   return {'rate'}
 end
 
+-- A missing or stale card: the caller proves the token from the database, then builds its
+-- reply from the node's shard version and cached list read here, sparing it a round trip.
+local function stale(generation)
+  local versions = redis.call('HMGET', shard_versions_key, node_id, '*')
+  return {'stale', generation, versions[1], versions[2], redis.call('GET', node_shards_key)}
+end
+
 local raw = redis.call('GET', card_key)
 local generation = tonumber(redis.call('GET', generation_key) or '0')
 if not raw then
-  return {'stale', generation}
+  return stale(generation)
 end
 local decoded, card = pcall(cmsgpack.unpack, raw)
 -- A card is [node id, secret digest, liveness, admin state, inventory hash, generation].
 if not decoded or type(card) ~= 'table' or card[6] ~= generation then
-  return {'stale', generation}
+  return stale(generation)
 end
 
 -- The digests are compared through a hash salted afresh for every request, so how

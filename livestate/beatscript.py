@@ -14,7 +14,8 @@ since the sweep's flush revives every node it finds there in bulk
 (inventory.liveness); the caller answers it as alive at once.
 
 Whatever it cannot settle it hands back without writing anything: a card that
-is missing or stale (`stale`: the caller reads the database), or a new
+is missing or stale (`stale`: the caller reads the database; the node's shard
+version and cached list come with it, read for after the token is proven), or a new
 inventory (`card`: the caller writes the database). Its
 counters use the same keys as `livestate.limits`, so its limits are those of
 the rest of the agent API.
@@ -64,7 +65,7 @@ class Verdict:
     outcome: str
     card: NodeCard | None = None
     generation: int = 0
-    # Only when applied: the node's shard version and its cached shard list, if any.
+    # Only when applied or stale: the node's shard version and its cached shard list, if any.
     shard_version: tuple[int, int] | None = None
     cached_shards: bytes | None = None
     # Only when replayed: the number of the newest heartbeat of the run.
@@ -207,7 +208,12 @@ def run(
     answer = _connection.call(script_keys, args)
     outcome = answer[0].decode()
     if outcome == STALE:
-        return Verdict(outcome, generation=int(answer[1]))
+        return Verdict(
+            outcome,
+            generation=int(answer[1]),
+            shard_version=shardversion.parse(answer[2:4]),
+            cached_shards=answer[4],
+        )
     if outcome == REPLAYED:
         return Verdict(outcome, newest_seq=int(answer[1]))
     if outcome == CARD:

@@ -4,8 +4,9 @@ An ordinary heartbeat must not read the database: at 2,000 heartbeats a second
 that read would be most of the cost. So each node has a *card* in Redis (its
 token digest, liveness, admin state and inventory hash) and a *generation*
 counter. Whatever changes what a card holds bumps the node's generation
-(`invalidate`); a card remembers the generation it was read under and is used
-only while that is still the current one. Building a card from the database is
+(`invalidate`), but for liveness (see `NodeCard.liveness`); a card remembers
+the generation it was read under and is used only while that is still the
+current one. Building a card from the database is
 the web app's business (nodes/api/cards.py), which also decides when to
 invalidate.
 
@@ -21,6 +22,7 @@ the backstop for that case, and until then heartbeats go to the database anyway.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import msgspec
 import redis
@@ -42,6 +44,9 @@ class NodeCard(msgspec.Struct, array_like=True):
     node_id: str
     # Empty once the token is revoked: no secret matches it.
     secret_digest: str
+    # As the database had it when the card was read: changes of liveness leave cards current
+    # (a heartbeat answers its node as alive whatever this says), so only a card just read
+    # from the database tells the node's liveness.
     liveness: str
     admin_state: str
     inventory_hash: str
@@ -61,35 +66,26 @@ def store(pipe: Pipeline, card: NodeCard) -> None:
     pipe.set(keys.card(card.node_id), _encoder.encode(card), ex=CARD_TTL_SECONDS)
 
 
+def store_current(node_id: str, read: Callable[[int], NodeCard | None]) -> None:
+    """Cache the node's card as `read(generation)` builds it from the database under the current generation.
+
+    The generation is fetched first, as by every reader, so a change committed
+    meanwhile leaves the stored card stale rather than wrong. Redis down: nothing
+    is stored, and the node's first heartbeat reads its card as before.
+    """
+    try:
+        client = livestate.client()
+        card = read(int(client.get(keys.generation(node_id)) or 0))
+        if card is not None:
+            client.set(keys.card(node_id), _encoder.encode(card), ex=CARD_TTL_SECONDS)
+    except redis.RedisError as exc:
+        log.warning("node card of %s not cached (its first heartbeat reads it): %s", node_id, exc)
+
+
 def invalidate(node_id: str) -> None:
     """Make every cached card of the node stale, now and once the transaction commits."""
     _bump(node_id)
     transaction.on_commit(lambda: _bump(node_id))
-
-
-def invalidate_many(node_ids: list[str]) -> None:
-    """`invalidate` for many nodes: their cached cards stale now and once the transaction commits.
-
-    Bulk changes (`QuerySet.update`, raw SQL) send no `post_save`, so the
-    receivers that invalidate a node's cards on its events never hear of them:
-    whoever changes many nodes at once calls this.
-    """
-    if node_ids:
-        _bump_many(node_ids)
-        transaction.on_commit(lambda: _bump_many(node_ids))
-
-
-# One command for a whole batch rather than a pipeline of one INCR per node:
-# less for redis-py to pack and parse, and one reply.
-_BUMP_EACH = "for _, key in ipairs(KEYS) do redis.call('INCR', key) end return #KEYS"
-
-
-def _bump_many(node_ids: list[str]) -> None:
-    try:
-        client = livestate.client()
-        client.eval(_BUMP_EACH, len(node_ids), *(keys.generation(node_id) for node_id in node_ids))
-    except redis.RedisError as exc:
-        log.warning("%d node cards not invalidated (they expire in %d s): %s", len(node_ids), CARD_TTL_SECONDS, exc)
 
 
 def _bump(node_id: str) -> None:

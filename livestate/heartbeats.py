@@ -11,17 +11,24 @@ from redis.client import Pipeline
 
 import livestate
 from agent.protocol import Load
-from livestate import cards, keys, loadstore, selfmetrics
+from livestate import cards, keys, loadstore, selfmetrics, shardlists
 from livestate.cards import NodeCard
+from livestate.shardlists import CachedShards
 
 
 def record(
-    node_id: str, received_at: float, load: Load | None, card: NodeCard | None, counts: dict[str, float]
+    node_id: str,
+    received_at: float,
+    load: Load | None,
+    card: NodeCard | None,
+    counts: dict[str, float],
+    shards: CachedShards | None = None,
 ) -> None:
     """Write a heartbeat the beat script did not apply, in one round trip (raises redis errors).
 
     Its time, its load (if it carried one), the node's card (when it was read
-    from the database or changed) and the heartbeat's self-metrics.
+    from the database or changed), its shard list (when read from the database)
+    and the heartbeat's self-metrics.
     """
     pipe = livestate.client().pipeline(transaction=False)
     note(pipe, node_id, received_at)
@@ -29,6 +36,8 @@ def record(
         loadstore.save(node_id, load, received_at, pipe)
     if card is not None:
         cards.store(pipe, card)
+    if shards is not None:
+        shardlists.queue_store(pipe, node_id, shards)
     selfmetrics.add(pipe, counts)
     pipe.execute()
 

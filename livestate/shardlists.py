@@ -13,6 +13,7 @@ import logging
 
 import msgspec
 import redis
+from redis.client import Pipeline
 
 import livestate
 from agent import protocol
@@ -77,10 +78,15 @@ def read(node_id: str) -> tuple[tuple[int, int] | None, bytes | None]:
     return shardversion.parse(versions), raw
 
 
+def queue_store(pipe: Pipeline | redis.Redis, node_id: str, cached: CachedShards) -> None:
+    """Queue the list's caching on a pipeline the caller sends anyway (on a client: cache it now)."""
+    pipe.set(keys.node_shards(node_id), _encoder.encode(cached), ex=CACHE_TTL_SECONDS)
+
+
 def store(node_id: str, cached: CachedShards) -> None:
     """Cache the list; losing it to a Redis outage costs only a database read later."""
     try:
-        livestate.client().set(keys.node_shards(node_id), _encoder.encode(cached), ex=CACHE_TTL_SECONDS)
+        queue_store(livestate.client(), node_id, cached)
     except redis.RedisError as exc:
         log.warning("shards of %s not cached: %s", node_id, exc)
 

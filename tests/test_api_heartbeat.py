@@ -113,15 +113,16 @@ def test_a_changed_inventory_hash_asks_for_the_inventory(client, token):
 
 @pytest.mark.parametrize("liveness", [Liveness.UNREACHABLE, Liveness.LOST])
 def test_a_heartbeat_brings_a_silent_node_back_at_once_keeping_its_cordon(
-    client, token, liveness, django_assert_num_queries
+    client, token, liveness, operator, django_assert_num_queries
 ):
-    heartbeat(client, token, protocol.Heartbeat())  # a cached card saying alive
-    Node.objects.filter(pk="gpu-1").update(admin_state=AdminState.CORDONED)
     from inventory.liveness import change_liveness
+    from inventory.operator import set_admin_state
 
+    set_admin_state(Node.objects.get(pk="gpu-1"), AdminState.CORDONED, operator, "maintenance")
+    heartbeat(client, token, protocol.Heartbeat())  # a cached card saying alive and cordoned
     change_liveness("gpu-1", Liveness.ALIVE, liveness, "test", timezone.now())
-    reply_of(heartbeat(client, token, protocol.Heartbeat()))  # re-reads the card made stale by the change
 
+    # The change of liveness left the card current: the heartbeat asks the database nothing.
     with django_assert_num_queries(0):
         reply = reply_of(heartbeat(client, token, protocol.Heartbeat()))
     # The reply says alive at once; the database hears of it with the next flush, in bulk.

@@ -7,13 +7,16 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from agent import protocol
 from inventory import heartbeat
-from inventory.models import Liveness, Node
+from inventory.models import Liveness, Node, Shard
 from livestate import cards, keys, loadstore, selfmetrics
 from nodes.api.cards import proven
-from nodes.models import split_token
+from nodes.models import NodeToken, split_token
 from tests.agentapi import JOIN_TOKEN, a_load, register
 from tests.factories import make_inventory
 
@@ -108,6 +111,51 @@ def test_a_lost_node_is_answered_alive_at_once_and_revived_by_the_flush(token):
 
     assert receive(token, protocol.Heartbeat()).state == "ready"
     assert Node.objects.get(pk="gpu-1").liveness == Liveness.LOST, "the sweep's flush writes the revival"
+
+
+def test_a_node_just_registered_finds_its_card_cached_and_its_old_token_is_refused_by_the_script(
+    client, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        old = register(client, "gpu-2")
+    with django_capture_on_commit_callbacks(execute=True):
+        new = register(client, "gpu-2")  # registering again issues a new token and caches the card anew
+
+    with CaptureQueriesContext(connection) as first_beat:
+        assert receive(new, protocol.Heartbeat(load=a_load())).state == "ready"
+    # No card read: only the node's shards, whose list nothing has cached yet.
+    assert [q["sql"].split(" FROM ")[1].split()[0].strip('"') for q in first_beat.captured_queries] == [
+        Shard._meta.db_table
+    ]
+    with pytest.raises(heartbeat.WrongToken) as refused:
+        receive(old, protocol.Heartbeat())
+    assert refused.value.counted is True, "refused by the beat script, against the cached card"
+
+
+def test_a_stale_card_is_read_again_but_a_current_shard_list_is_used_as_cached(token):
+    receive(token, protocol.Heartbeat(load=a_load()))  # the card and the shard list are cached
+    cards.invalidate("gpu-1")
+
+    with CaptureQueriesContext(connection) as beat:
+        assert receive(token, protocol.Heartbeat(load=a_load())).state == "ready"
+    # The card's query only: the beat script handed back the shard list with its verdict.
+    assert [q["sql"].split(" FROM ")[1].split()[0].strip('"') for q in beat.captured_queries] == [
+        NodeToken._meta.db_table
+    ]
+
+
+def test_redis_failing_after_admission_still_revives_a_node_whose_cached_card_says_alive(token, monkeypatch):
+    receive(token, protocol.Heartbeat())  # the card, alive, is cached
+    # The sweep marked it unreachable; changes of liveness leave the card current, saying alive.
+    Node.objects.filter(pk="gpu-1").update(liveness=Liveness.UNREACHABLE)
+
+    def redis_gone(*args, **kwargs):
+        raise redis.ConnectionError("Redis went away after the beat script ran")
+
+    monkeypatch.setattr(heartbeat.heartbeats, "record", redis_gone)
+    beat = protocol.Heartbeat(inventory=make_inventory("gpu-1.example", gpus=2), inventory_hash="h2")
+    assert receive(token, beat).state == "ready"
+    assert Node.objects.get(pk="gpu-1").liveness == Liveness.ALIVE, "written to the database, as Redis could not be"
 
 
 @pytest.mark.parametrize("module", ["nodes/api/views.py", "nodes/api/fastpath.py"])

@@ -101,6 +101,7 @@ def test_a_replica_waiting_for_an_install_that_fails_is_rebuilt_elsewhere_and_th
     assert placed_on() == ["b"]
     # Node a's agent keeps the failed install, retried with its own backoff, rather than forgetting it
     # and being asked afresh (without backoff) by the next placement there.
-    assert orders("a") == ([], [protocol.EngineWant(engine="llama.cpp", variant="cpu")])
+    told = orders("a")
+    assert (told.shards, told.engines) == ([], [protocol.EngineWant(engine="llama.cpp", variant="cpu")])
     reconcile()
     assert Replica.objects.get(replica_id="llama-r1").state == ReplicaState.FAILED

@@ -172,8 +172,10 @@ def test_reviving_200_unreachable_nodes_writes_nothing_per_heartbeat_and_a_few_r
     revivals = NodeEvent.objects.filter(kind=NodeEvent.Kind.LIVENESS, to_state=Liveness.ALIVE)
     assert set(revivals.values_list("from_state", flat=True)) == {Liveness.UNREACHABLE}
     assert revivals.count() == 200
-    # The next heartbeat reads the card again (the revival made it stale) and is told the same.
-    assert reply_of(heartbeat(client, fleet.tokens["n000"], protocol.Heartbeat())).state == "ready"
+    # The revival left the cards current: the next heartbeat is told the same without a query.
+    with CaptureQueriesContext(connection) as after:
+        assert reply_of(heartbeat(client, fleet.tokens["n000"], protocol.Heartbeat())).state == "ready"
+    assert after.captured_queries == []
 
 
 def writes(captured: CaptureQueriesContext) -> list[str]:
@@ -276,19 +278,23 @@ def cached_card(redis_client, node_id: str) -> cards.NodeCard | None:
     return card if card is not None and card.generation == generation else None
 
 
-def test_a_cached_card_follows_the_bulk_changes_of_liveness(client, clock, redis_client, settings):
+def test_a_fleet_back_from_a_partition_keeps_its_cards_and_the_flush_revives_it(client, clock, redis_client, settings):
     settings.LLMGW_DISRUPTION_THRESHOLD = 1.0
     fleet = Fleet(client, clock, 2)
     fleet.run(0, 4)
-    assert cached_card(redis_client, "n000").liveness == Liveness.ALIVE
+    card = cached_card(redis_client, "n000")
+    assert card is not None and card.liveness == Liveness.ALIVE
 
     fleet.run(6, 18, web=False)
     assert liveness_counts() == {Liveness.UNREACHABLE: 2}
-    assert cached_card(redis_client, "n000") is None, "marking made it stale"
+    assert cached_card(redis_client, "n000") == card, "marking the fleet unreachable left its cards current"
 
-    fleet.step(20, sweeps=False)  # n000 beats: its card is read again, as the database has it
-    assert cached_card(redis_client, "n000").liveness == Liveness.UNREACHABLE
-    fleet.step(22)  # the flush revives it, and makes that card stale
-    assert cached_card(redis_client, "n000") is None
-    fleet.step(24)
-    assert cached_card(redis_client, "n000").liveness == Liveness.ALIVE
+    # n000 beats: its card and shard list are current, so it stays on the path that asks the database nothing.
+    with CaptureQueriesContext(connection) as beat:
+        fleet.step(20, sweeps=False)  # asserts that it is told "ready"
+    assert beat.captured_queries == []
+    assert Node.objects.get(pk="n000").liveness == Liveness.UNREACHABLE
+
+    fleet.step(22)  # the flush revives it in the database, and leaves its card alone
+    assert Node.objects.get(pk="n000").liveness == Liveness.ALIVE
+    assert cached_card(redis_client, "n000") == card

@@ -53,7 +53,8 @@ def test_the_model_waits_for_its_weights_then_asks_the_node_for_llama_cpp(tmp_pa
     assert f"lacks {path}" in replica.reason
     node("laptop", gpus=0, cpus=2, memory_gb=8, weights=[path])
     reconcile()
-    specs, engines = orders("laptop")
+    told = orders("laptop")
+    specs, engines = told.shards, told.engines
     (spec,) = [s for s in specs if s.engine == Engine.LLAMA_CPP]
     assert spec.command[:3] == ["llama-server", "--model", path]
     assert spec.command[-2:] == ["--chat-template", "chatml"]

@@ -1,6 +1,6 @@
 """Where a heartbeat's CPU goes in one web process: cProfile over the WSGI application, beside the empty view.
 
-    python -m bench.fleetlib.profile [--nodes 200] [--beats 4000] [--top 25] [--cold]
+    python -m bench.fleetlib.profile [--nodes 200] [--beats 4000] [--top 25] [--cold [flushed|partition|registered]]
 
 The application is called in this process, as a web worker calls it, with
 heartbeats of the benchmark's fleet (bench/fleetlib/bodies.py) against a Redis
@@ -13,8 +13,12 @@ process's own.
 With `--cold`, every heartbeat is its node's first since Redis lost its data
 (FLUSHDB before each pass over the fleet, outside the measured time): its card,
 sequence and shard list are gone, as after a Redis restart without its data,
-and much as for a node that has just registered (its card stale). That path is
-measured and profiled beside the ordinary one.
+That path is measured and profiled beside the ordinary one. `--cold partition`
+instead has the sweep's flush revive the fleet, then marks every node
+unreachable in bulk as the sweep does, before each pass (a fleet coming back
+after a partition); `--cold registered` registers every node again (a new
+token each) before each pass (a fleet's first heartbeats after registering).
+Their heartbeats are cold only where those changes leave the cards stale.
 """
 
 from __future__ import annotations
@@ -99,7 +103,14 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=200)
     parser.add_argument("--beats", type=int, default=4000)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--cold", action="store_true", help="profile heartbeats after Redis lost its data")
+    parser.add_argument(
+        "--cold",
+        nargs="?",
+        const="flushed",
+        choices=["flushed", "partition", "registered"],
+        help="profile each node's first heartbeat after Redis lost its data (flushed), after a partition, "
+        "or after registering",
+    )
     parser.add_argument("--database-url", help="a database to use instead of a new SQLite file (e.g. PostgreSQL's)")
     args = parser.parse_args()
 
@@ -128,15 +139,31 @@ def main() -> int:
         call_command("migrate", verbosity=0)
         from llmgw_site.wsgi import application
 
-        fleet = []
+        def register(message: protocol.Register) -> str:
+            result = application(environ("/api/v1/register", JOIN_TOKEN, protocol.encode(message)), Started())
+            return protocol.decode(b"".join(result), protocol.Registered).token
+
+        fleet, messages = [], []
         for index in range(args.nodes):
             rng = random.Random(index)
             message, digest = bodies.registration(index, rng)
-            result = application(environ("/api/v1/register", JOIN_TOKEN, protocol.encode(message)), Started())
-            out = b"".join(result)
-            token = protocol.decode(out, protocol.Registered).token
+            messages.append(message)
             inv = message.inventory
-            fleet.append((token, bodies.heartbeat(index, digest, inv.host.cpus, inv.memory_total_bytes, rng)))
+            body = bodies.heartbeat(index, digest, inv.host.cpus, inv.memory_total_bytes, rng)
+            fleet.append((register(message), body))
+
+        def make_cold() -> None:
+            """Before a pass over the fleet: what leaves its nodes' next heartbeats on the cold path, if anything."""
+            if args.cold == "flushed":
+                livestate.client().flushdb()
+            elif args.cold == "partition":
+                now = timezone.now()
+                liveness.flush(now)  # the last pass's heartbeats revive the nodes marked before it
+                node_ids = [message.node_id for message in messages]
+                liveness.change_in_bulk(node_ids, Liveness.ALIVE, Liveness.UNREACHABLE, "profiled partition", now)
+            else:
+                for index, message in enumerate(messages):
+                    fleet[index] = (register(message), fleet[index][1])
 
         def drive(path: str, beats: int) -> float:
             started = time.process_time()
@@ -148,10 +175,10 @@ def main() -> int:
             return 1e6 * (time.process_time() - started) / beats
 
         def drive_cold(beats: int, profiler: cProfile.Profile | None = None) -> float:
-            """`drive` with Redis emptied before each pass over the fleet; the emptying is not counted."""
+            """`drive` with `make_cold` before each pass over the fleet, outside the measured time."""
             spent = 0.0
             for start in range(0, beats, len(fleet)):
-                livestate.client().flushdb()
+                make_cold()
                 if profiler:
                     profiler.enable()
                 started = time.process_time()
@@ -164,7 +191,11 @@ def main() -> int:
                     profiler.disable()
             return 1e6 * spent / beats
 
+        from django.utils import timezone
+
         import livestate
+        from inventory import liveness
+        from inventory.models import Liveness
 
         drive(HEARTBEAT, len(fleet))  # every node alive and its card and shard list cached
         drive(EMPTY, 200)
@@ -178,7 +209,7 @@ def main() -> int:
         profiler = cProfile.Profile(time.process_time)
         if args.cold:
             cold = min(drive_cold(args.beats), drive_cold(args.beats))
-            print(f"CPU per cold heartbeat (Redis emptied): {cold:.0f} µs, {cold / heartbeat:.1f} × the ordinary one")
+            print(f"CPU per cold heartbeat ({args.cold}): {cold:.0f} µs, {cold / heartbeat:.1f} × the ordinary one")
             drive_cold(args.beats, profiler)
         else:
             profiler.enable()

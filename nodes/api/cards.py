@@ -1,21 +1,24 @@
 """A node's card (livestate.cards) as the database has it, and the saves that make cached cards stale.
 
-Every change of what a card holds records a NodeEvent (liveness, admin state,
+Every change of what a card holds records a NodeEvent (admin state,
 registration, token revocation) or saves or deletes a NodeToken or a Node, so
 the receivers below invalidate the node's cards on those saves without the code
 that makes the change having to know about this cache. They are connected in
-`NodesConfig.ready()`.
+`NodesConfig.ready()`. A change of liveness leaves the cards current
+(`livestate.cards.NodeCard.liveness`): a heartbeat answers its node as alive
+whatever its card says, so a fleet coming back after a partition, revived by the
+sweep's flush, keeps its cards.
 """
 
 from __future__ import annotations
 
 from functools import cache
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.signals import post_delete, post_save
 
 from inventory.models import Node, NodeEvent
-from livestate.cards import NodeCard, invalidate
+from livestate.cards import NodeCard, invalidate, store_current
 from nodes.models import NodeToken, digest_matches
 
 
@@ -61,8 +64,19 @@ def proven(node_id: str, secret: str, generation: int = 0) -> NodeCard | None:
     return card
 
 
+def cache_after_commit(node_id: str) -> None:
+    """Cache the node's card once the transaction commits, so that its next heartbeat finds it.
+
+    A registration calls it: a fleet registering, then beating, would otherwise
+    send every node's first heartbeat to the database. Run after the commit's own
+    invalidations (registered before it), under the generation they leave.
+    """
+    transaction.on_commit(lambda: store_current(node_id, lambda generation: from_database(node_id, generation)))
+
+
 def _on_event(sender, instance: NodeEvent, **kwargs) -> None:
-    invalidate(instance.node_id)
+    if instance.kind != NodeEvent.Kind.LIVENESS:
+        invalidate(instance.node_id)
 
 
 def _on_token(sender, instance: NodeToken, **kwargs) -> None:

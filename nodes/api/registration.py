@@ -11,6 +11,7 @@ from django.utils import timezone
 from agent import protocol
 from inventory.liveness import touch
 from inventory.registration import as_ip, record_registration, upsert_inventory
+from nodes.api import cards
 from nodes.models import JoinToken, NodeToken, digest, digest_matches
 
 
@@ -35,7 +36,8 @@ def register_node(
     An existing node keeps its admin state and is brought back to alive (a
     registration is a sign of life); its old token stops working at once.
     `address`, the client address the registration came from, is recorded as
-    the node's source address (nodes/targets.py).
+    the node's source address (nodes/targets.py). Once committed, the node's
+    card is cached, so its first heartbeat does not go to the database for it.
     """
     now = now or timezone.now()
     with transaction.atomic():
@@ -46,4 +48,5 @@ def register_node(
         if not created:
             touch(node, now)
         record_registration(node, created, actor=f"agent (join token: {joined_with})"[:150])
+    cards.cache_after_commit(node.pk)
     return protocol.Registered(node_id=node.pk, token=token, heartbeat_interval=settings.LLMGW_HEARTBEAT_INTERVAL)
