@@ -20,6 +20,13 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "gateway.cfg"
 # The Lua filter counting the engines' tokens (gateway.usage reads its totals).
 USAGE_LUA = ROOT / "deploy" / "gateway_usage.lua"
+# The stream relay: streams through it end with an SSE error event when their engine cuts them (docs/gateway.md).
+RELAY_LUA = ROOT / "deploy" / "gateway_relay.lua"
+# Lua time a relayed stream may take (tune.lua.service-timeout): its running time, not its waits (a 6 s
+# stream passed under a 2 s limit), which a stream of many tokens adds up past the default 4 s.
+RELAY_LUA_TIMEOUT = "10m"
+# Streams go through the relay: a body whose `stream` is true (json_query answers the boolean).
+RELAY_STREAMS = "    http-request use-service lua.llmgw_relay if { req.body,json_query('$.stream') -m bool }"
 # The largest request body admitted by default; larger ones get 413 before reaching an engine.
 # req.body sees one buffer, so the buffer is sized to hold it (`Frontend.bufsize`); HAProxy
 # needs glibc's allocator fixed for buffers this large (docs/gateway.md, "What it costs"), and
@@ -112,6 +119,8 @@ class Frontend:
     request_timeout: int = REQUEST_TIMEOUT
     # Where Prometheus scrapes the gateway's own series (HAProxy's exporter); empty: not exported.
     metrics_bind: str = ""
+    # Streams through the relay (an SSE error event when cut); False only to measure what it costs.
+    relay: bool = True
 
     @property
     def bufsize(self) -> int:
@@ -131,6 +140,10 @@ class Paths:
     @property
     def admin_socket(self) -> Path:
         return self.directory / "admin.sock"
+
+    @property
+    def relay_socket(self) -> Path:
+        return self.directory / "relay.sock"
 
     @property
     def master_socket(self) -> Path:
@@ -249,6 +262,8 @@ def backend_section(backend: Backend) -> str:
     lines = [
         f"backend {backend.name}",
         *(PREFIX_AFFINITY if backend.prefix_affinity else ("    balance leastconn",)),
+        # Tokens counted here, where the server is known, whether the request came straight or by the relay.
+        "    filter lua.llmgw_usage",
         "    http-reuse always",
         "    # The engines answer only requests carrying their deployment's secret: the gateways'.",
         f'    http-request set-header Authorization "Bearer {backend.engine_secret}"',
@@ -269,6 +284,10 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "maxconn": str(max_connections()),
         "admin_socket": str(paths.admin_socket),
         "usage_lua": str(USAGE_LUA),
+        "relay_lua": str(RELAY_LUA),
+        "relay_lua_timeout": RELAY_LUA_TIMEOUT,
+        "relay_socket": str(paths.relay_socket),
+        "relay_streams": RELAY_STREAMS if frontend.relay else "",
         "keys_map": str(paths.keys_map),
         "models_map": str(paths.models_map),
         "catalog_map": str(paths.catalog_map),

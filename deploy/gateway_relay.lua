@@ -1,0 +1,180 @@
+-- The gateway's stream relay: a streamed request goes through it, so that a stream its engine
+-- cuts mid-way (the engine killed, its machine gone) ends with an SSE error event the client can
+-- read, and a complete response, instead of a truncated one (docs/gateway.md, "Failover").
+--
+-- HAProxy cannot add to a response whose server aborted, so the stream's answer is read here:
+-- the public frontend hands a streamed request, once its key, limits and model are checked, to
+-- this service (`http-request use-service lua.llmgw_relay`), which sends it over a cosocket to
+-- the gateway's internal frontend (`frontend relay`, a unix socket in its private directory),
+-- which routes it to the backend chosen here (retries, weights, prefix affinity, drains, the
+-- usage filter and the exporter's series all happen on that hop, as for any other request).
+-- The answer's chunks are relayed as they come; an answer that ends before its chunked end gets
+-- the error event, then ends cleanly.
+--
+-- Loaded by deploy/gateway.cfg (`lua-load`), which sets LLMGW_RELAY_SOCKET (`setenv`) first.
+
+local SOCKET = "unix@" .. assert(os.getenv("LLMGW_RELAY_SOCKET"), "LLMGW_RELAY_SOCKET is not set")
+-- As `timeout server`: a long generation may pause this long before its first token.
+local TIMEOUT = 600
+
+-- Not sent on: hop-by-hop headers, the length (the body is sent whole, with its own), and the
+-- internal routing headers, which only the relay sets (the internal frontend trusts them).
+local REQUEST_SKIP = {
+    ["connection"] = true,
+    ["keep-alive"] = true,
+    ["proxy-connection"] = true,
+    ["te"] = true,
+    ["trailer"] = true,
+    ["transfer-encoding"] = true,
+    ["upgrade"] = true,
+    ["content-length"] = true,
+    ["expect"] = true,
+}
+local RESPONSE_SKIP = {
+    ["connection"] = true,
+    ["keep-alive"] = true,
+    ["transfer-encoding"] = true,
+    ["trailer"] = true,
+}
+
+local CUT = 'data: {"error": {"message": "The model\'s engine stopped before the end of the answer",'
+    .. ' "type": "server_error", "param": null, "code": "upstream_disconnected"}}\n\n'
+
+local function reply(applet, status, code, message)
+    local body = '{"error":{"message":"' .. message .. '","type":"server_error","param":null,"code":"' .. code .. '"}}'
+    applet:set_status(status)
+    applet:add_header("content-type", "application/json")
+    applet:add_header("content-length", tostring(#body))
+    applet:start_response()
+    applet:send(body)
+end
+
+local function request_text(applet, body)
+    local target = applet.path
+    if applet.qs ~= nil and applet.qs ~= "" then
+        target = target .. "?" .. applet.qs
+    end
+    local parts = { applet.method, " ", target, " HTTP/1.1\r\n" }
+    local n = #parts
+    for name, values in pairs(applet.headers) do
+        if not REQUEST_SKIP[name] and string.sub(name, 1, 8) ~= "x-llmgw-" then
+            for i = 0, #values do
+                n = n + 1
+                parts[n] = name .. ": " .. values[i] .. "\r\n"
+            end
+        end
+    end
+    n = n + 1
+    parts[n] = "x-llmgw-backend: " .. (applet:get_var("txn.backend") or "") .. "\r\n"
+        .. "x-llmgw-tenant: " .. (applet:get_var("txn.tenant") or "") .. "\r\n"
+        .. "x-llmgw-model: " .. (applet:get_var("txn.model") or "") .. "\r\n"
+        .. "content-length: " .. #body .. "\r\nconnection: close\r\n\r\n"
+    parts[n + 1] = body
+    return table.concat(parts)
+end
+
+-- The answer's body after its headers: true when it was read to its end; false when cut, with
+-- the last piece sent (an error event starts after a blank line).
+local function relay_body(applet, upstream, chunked, length)
+    local last = ""
+    if chunked then
+        while true do
+            local size_line = upstream:receive("*l")
+            if size_line == nil then
+                return false
+            end
+            local size = tonumber(string.match(size_line, "^%x+"), 16)
+            if size == nil then
+                return false
+            end
+            if size == 0 then
+                -- The trailers, if any, end with an empty line; the answer is whole.
+                repeat
+                    local trailer = upstream:receive("*l")
+                until trailer == nil or trailer == ""
+                return true
+            end
+            local data = upstream:receive(size)
+            if data == nil then
+                return false, last
+            end
+            applet:send(data)
+            last = data
+            if upstream:receive("*l") == nil then
+                return false, last
+            end
+        end
+    elseif length ~= nil then
+        if length > 0 then
+            local data, _, partial = upstream:receive(length)
+            applet:send(data or partial or "")
+            return data ~= nil
+        end
+        return true
+    else
+        -- No length, not chunked: the answer ends with the connection, so it cannot be told cut.
+        local data, _, partial = upstream:receive("*a")
+        applet:send(data or partial or "")
+        return true
+    end
+end
+
+local function relay(applet)
+    local body = applet:receive() or ""
+    local upstream = core.tcp()
+    upstream:settimeout(TIMEOUT)
+    if not upstream:connect(SOCKET) then
+        return reply(applet, 503, "relay_unavailable", "The gateway could not reach its relay; retry later")
+    end
+    if upstream:send(request_text(applet, body)) == nil then
+        upstream:close()
+        return reply(applet, 503, "relay_unavailable", "The gateway could not reach its relay; retry later")
+    end
+    local status_line = upstream:receive("*l")
+    local status, reason = string.match(status_line or "", "^HTTP/1%.%d (%d%d%d) ?(.*)$")
+    if status == nil then
+        upstream:close()
+        return reply(applet, 502, "upstream_disconnected", "The model's engine gave no answer")
+    end
+    applet:set_status(tonumber(status), reason)
+    local chunked, length, event_stream = false, nil, false
+    while true do
+        local line = upstream:receive("*l")
+        if line == nil then
+            upstream:close()
+            return reply(applet, 502, "upstream_disconnected", "The model's engine gave no answer")
+        end
+        if line == "" then
+            break
+        end
+        local name, value = string.match(line, "^([^:]+):%s*(.-)%s*$")
+        if name ~= nil then
+            name = string.lower(name)
+            if name == "transfer-encoding" then
+                chunked = string.find(string.lower(value), "chunked", 1, true) ~= nil
+            elseif name == "content-length" then
+                length = tonumber(value)
+            elseif name == "content-type" then
+                event_stream = string.find(string.lower(value), "text/event-stream", 1, true) ~= nil
+            end
+            if not RESPONSE_SKIP[name] and not (chunked and name == "content-length") then
+                applet:add_header(name, value)
+            end
+        end
+    end
+    applet:start_response()
+    local whole, last = relay_body(applet, upstream, chunked, not chunked and length or nil)
+    upstream:close()
+    if not whole then
+        if not event_stream then
+            -- Not an event stream: nothing the client could read as an error; the answer is aborted.
+            error("the upstream answer was cut")
+        end
+        if last ~= nil and last ~= "" and string.sub(last, -2) ~= "\n\n" then
+            applet:send("\n\n")
+        end
+        applet:send(CUT)
+    end
+end
+
+core.register_service("llmgw_relay", "http", relay)
