@@ -80,12 +80,10 @@ local function relay_body(applet, upstream, chunked, length)
     if chunked then
         while true do
             local size_line = upstream:receive("*l")
-            if size_line == nil then
-                return false
-            end
-            local size = tonumber(string.match(size_line, "^%x+"), 16)
+            local hex = size_line and string.match(size_line, "^%x+")
+            local size = hex and tonumber(hex, 16)
             if size == nil then
-                return false
+                return false, last
             end
             if size == 0 then
                 -- The trailers, if any, end with an empty line; the answer is whole.

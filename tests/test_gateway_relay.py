@@ -1,0 +1,245 @@
+"""The stream relay (deploy/gateway_relay.lua): a stream its engine cuts mid-way ends with an SSE error event
+and a complete response; a whole stream comes through byte for byte; only streams take it; its routing
+headers cannot be sent by a client.
+
+A real HAProxy programmed by the real sync, in front of a real demo engine (killed with SIGKILL) or of a
+scripted engine that sends chosen bytes in chosen chunks, read by a raw client that checks the chunked
+framing itself (an HTTP library would hide a truncated response behind its own error).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+
+import pytest
+
+from gateway.models import ApiKey, Tenant
+from gateway.runtime import ask
+from inventory.models import Shard
+from tests.test_gateway import Engine, Gateway, serve
+
+pytestmark = pytest.mark.slow
+
+CUT_EVENT = {
+    "error": {
+        "message": "The model's engine stopped before the end of the answer",
+        "type": "server_error",
+        "param": None,
+        "code": "upstream_disconnected",
+    }
+}
+
+
+@pytest.fixture
+def gateway(tmp_path):
+    made = Gateway(tmp_path / "gw")
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def key(db) -> str:
+    made = ApiKey(tenant=Tenant.objects.create(name="acme"))
+    secret = made.issue()
+    made.save()
+    return secret
+
+
+class ScriptedEngine(threading.Thread):
+    """An engine answering every request with `chunks` as a chunked event stream, then its end (or, with
+    `end=False`, a closed connection without it); it keeps each request's headers."""
+
+    def __init__(self, chunks: list[bytes], end: bool = True):
+        super().__init__(daemon=True)
+        self.chunks, self.end = chunks, end
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.heads: list[bytes] = []
+        self.start()
+
+    def run(self) -> None:
+        while True:
+            try:
+                connection, _ = self.listener.accept()
+            except OSError:
+                return
+            with connection:
+                self.answer(connection)
+
+    def answer(self, connection: socket.socket) -> None:
+        received = b""
+        while b"\r\n\r\n" not in received:
+            more = connection.recv(65536)
+            if not more:
+                return
+            received += more
+        head, _, body = received.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?im)^content-length: *(\d+)", head).group(1))
+        while len(body) < length:
+            body += connection.recv(65536)
+        self.heads.append(head)
+        connection.sendall(
+            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+            b"Connection: close\r\n\r\n"
+        )
+        for chunk in self.chunks:
+            connection.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+            time.sleep(0.005)
+        if self.end:
+            connection.sendall(b"0\r\n\r\n")
+
+    def stop(self) -> None:
+        self.listener.close()
+
+
+def scripted(gateway: Gateway, chunks: list[bytes], end: bool = True) -> ScriptedEngine:
+    made = ScriptedEngine(chunks, end)
+    serve("gw-1", made.port)
+    gateway.program()
+    return made
+
+
+def request_bytes(body: dict, key: str, extra: bytes = b"") -> bytes:
+    data = json.dumps(body).encode()
+    return (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n"
+        b"Authorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
+    ) % (key.encode(), len(data), extra, data)
+
+
+def dechunk(raw: bytes) -> tuple[int, bytes, bool]:
+    """The status, the body, and whether the chunked body reached its end (the zero chunk and its blank line)."""
+    head, _, rest = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    assert re.search(rb"(?im)^transfer-encoding: *chunked", head), head
+    body = b""
+    while True:
+        line, found, rest = rest.partition(b"\r\n")
+        if not found:
+            return status, body, False
+        size = int(line.split(b";")[0], 16)
+        if size == 0:
+            # No trailers, or trailers ended by a blank line.
+            return status, body, rest == b"\r\n" or rest.endswith(b"\r\n\r\n")
+        if len(rest) < size + 2:
+            return status, body + rest[:size], False
+        body, rest = body + rest[:size], rest[size + 2 :]
+
+
+def read_to_end(connection: socket.socket, received: bytes = b"", deadline: float = 10) -> bytes:
+    """All the gateway sends until it closes; a hang fails at the deadline."""
+    connection.settimeout(deadline)
+    while more := connection.recv(65536):
+        received += more
+    return received
+
+
+def relayed(gateway: Gateway) -> int:
+    """Requests the relay's internal frontend has taken (its `stot`)."""
+    rows = ask(gateway.paths.admin_socket, "show stat").splitlines()
+    fields = rows[0].lstrip("# ").split(",")
+    for row in rows[1:]:
+        values = dict(zip(fields, row.split(","), strict=False))
+        if values.get("pxname") == "relay" and values.get("svname") == "FRONTEND":
+            return int(values["stot"])
+    raise AssertionError("no relay frontend in the gateway's stats")
+
+
+STREAM = {"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": True, "max_tokens": 4096}
+
+
+@pytest.mark.django_db
+def test_a_stream_whose_engine_is_killed_ends_with_an_error_event_and_a_complete_response(gateway, key):
+    replica = serve("gw-1", 0)
+    # 4,096 tokens at 5 ms each: twenty seconds of stream, killed after a few events.
+    running = Engine(replica.deployment.engine_secret, 5)
+    try:
+        Shard.objects.filter(replica=replica).update(port=running.port)
+        gateway.program()
+        connection = socket.create_connection(("127.0.0.1", gateway.port))
+        connection.sendall(request_bytes(STREAM, key))
+        received = b""
+        connection.settimeout(10)
+        while received.count(b"data: ") < 3:
+            received += connection.recv(65536)
+        running.stop()
+        killed_at = time.monotonic()
+        received = read_to_end(connection, received)
+        ended_after = time.monotonic() - killed_at
+        connection.close()
+    finally:
+        if running.process.poll() is None:
+            running.stop()
+    status, body, complete = dechunk(received)
+    assert status == 200
+    # Ended by the relay within a second of the kill, as a whole response: not a hang, not a truncation.
+    assert complete, received[-200:]
+    assert ended_after < 1.0
+    events = [event for event in body.split(b"\n\n") if event]
+    assert len(events) >= 4
+    for event in events[:-1]:
+        assert json.loads(event.removeprefix(b"data: "))["object"] == "chat.completion.chunk"
+    assert json.loads(events[-1].removeprefix(b"data: ")) == CUT_EVENT
+    assert body.endswith(b"\n\n")
+
+
+@pytest.mark.django_db
+def test_a_whole_stream_comes_through_byte_for_byte_whatever_its_chunks(gateway, key):
+    # Events cut across chunks, several in one chunk, bytes outside ASCII, one event larger than a buffer.
+    chunks = [
+        b'data: {"a": 1}\n\ndata: {"b"',
+        b': "\xc3\xa9\xe2\x82\xac"}\n\n',
+        b'data: {"c": "' + b"x" * 400_000 + b'"}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+    scripted(gateway, chunks)
+    connection = socket.create_connection(("127.0.0.1", gateway.port))
+    connection.sendall(request_bytes(STREAM, key))
+    status, body, complete = dechunk(read_to_end(connection))
+    assert (status, complete) == (200, True)
+    assert body == b"".join(chunks)
+    assert relayed(gateway) == 1
+
+
+@pytest.mark.django_db
+def test_a_stream_its_engine_ends_without_the_chunked_end_gets_the_error_event_after_a_blank_line(gateway, key):
+    # The engine's connection closes after half an event: the error event still starts on its own.
+    scripted(gateway, [b'data: {"a": 1}\n\n', b'data: {"b"'], end=False)
+    connection = socket.create_connection(("127.0.0.1", gateway.port))
+    connection.sendall(request_bytes(STREAM, key))
+    status, body, complete = dechunk(read_to_end(connection))
+    assert (status, complete) == (200, True)
+    assert body == b'data: {"a": 1}\n\ndata: {"b"\n\n' + b"data: " + json.dumps(CUT_EVENT).encode() + b"\n\n"
+
+
+@pytest.mark.django_db
+def test_only_streams_go_through_the_relay(gateway, key):
+    engine = scripted(gateway, [b"data: [DONE]\n\n"])
+    for body in ({**STREAM, "stream": False}, {k: v for k, v in STREAM.items() if k != "stream"}):
+        connection = socket.create_connection(("127.0.0.1", gateway.port))
+        connection.sendall(request_bytes(body, key))
+        assert dechunk(read_to_end(connection))[0] == 200
+    assert len(engine.heads) == 2
+    assert relayed(gateway) == 0
+    connection = socket.create_connection(("127.0.0.1", gateway.port))
+    connection.sendall(request_bytes(STREAM, key))
+    assert dechunk(read_to_end(connection))[:2] == (200, b"data: [DONE]\n\n")
+    assert relayed(gateway) == 1
+
+
+@pytest.mark.django_db
+def test_a_client_cannot_send_the_relays_routing_headers(gateway, key):
+    engine = scripted(gateway, [b"data: [DONE]\n\n"])
+    spoofed = b"X-LLMGW-Backend: m_other\r\nX-LLMGW-Tenant: other\r\nX-LLMGW-Model: other\r\nx-llmgw-backend: m_x\r\n"
+    connection = socket.create_connection(("127.0.0.1", gateway.port))
+    connection.sendall(request_bytes(STREAM, key, spoofed))
+    status, body, complete = dechunk(read_to_end(connection))
+    # Routed by the body's model, as the tenant its key names.
+    assert (status, body, complete) == (200, b"data: [DONE]\n\n", True)
+    assert relayed(gateway) == 1
+    headers = [line.lower() for line in engine.heads[0].split(b"\r\n")[1:]]
+    assert [h for h in headers if h.startswith(b"x-llmgw-")] == [b"x-llmgw-tenant: acme"]
