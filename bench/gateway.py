@@ -14,6 +14,9 @@ turns within each round so that a busy moment of the shared machine hits all ali
   HAProxy started as devstack starts it (glibc's allocator fixed), its servers added by the
   gateway's sync; `--max-body` at its default, 256 KiB (a 272 KiB buffer);
 - gateway-16k: the same with `--max-body 16384` (a 32 KiB buffer): what a smaller limit saves;
+- gateway-norelay: the same as `gateway` with its streams sent straight to the backend instead of
+  through the stream relay (deploy/gateway_relay.lua, which ends a cut stream with an SSE error
+  event): what the relay costs a stream;
 - litellm: LiteLLM's proxy (`litellm[proxy]==1.108.7`, its own venv in var/, installed
   on the first run) with its master key, serving the same three models.
 
@@ -28,9 +31,12 @@ spends 50 ms on the prompt and then sends 20 tokens a second. Measured:
 2. added latency at 64 concurrent streams (`streaming`: 8 tokens, one every 20 ms);
 3. time to first token, streaming, from `paced`, where a proxy holding small writes back shows;
 4. requests one gateway core carries a second: requests over HAProxy's CPU seconds
-   (schedstat, all threads) with 64 streams at once against `instant`, streamed and not;
+   (schedstat, all threads) with 64 streams at once against `instant`, streamed and not,
+   and streamed with LONG_TOKENS tokens: HAProxy's CPU per streamed chunk is the difference
+   between the long and the short streams' CPU a request, over their difference in chunks;
 5. HAProxy's resident memory with 1,000 streams open through it (a token a second
-   each), at each body limit in MEMORY_BODIES (the buffer is the limit and 16 KiB).
+   each), at each body limit in MEMORY_BODIES (the buffer is the limit and 16 KiB), and
+   without the relay at the default limit.
 """
 
 from __future__ import annotations
@@ -70,7 +76,10 @@ TRICKLE = Pace(slots=4096, decode_tps=1, prefill_tps=4000, cache_tokens=0)
 # is most of its memory per open stream and much of its CPU per request.
 SMALL_BODY = 16384
 SMALL = "gateway-16k"
-GATEWAYS = ("gateway", SMALL)
+NORELAY = "gateway-norelay"
+GATEWAYS = ("gateway", SMALL, NORELAY)
+# The long streams of the core's rate: with the short ones (TOKENS), HAProxy's CPU per chunk.
+LONG_TOKENS = 128
 MEMORY_BODIES = (MAX_BODY, 65536, SMALL_BODY)
 QUESTION = [{"role": "user", "content": " ".join(["Name three colours."] * 50)}]
 TOKENS = 8
@@ -87,9 +96,9 @@ class Route:
         body = client.chat_body(model, QUESTION, max_tokens, stream)
         return client.request_bytes("/v1/chat/completions", body, self.key)
 
-    def requests(self, model: str, stream: bool) -> Callable[[int], bytes]:
+    def requests(self, model: str, stream: bool, max_tokens: int = TOKENS) -> Callable[[int], bytes]:
         """What a client loop sends: the same request, whatever its number."""
-        return lambda _: self.request(model, stream=stream)
+        return lambda _: self.request(model, max_tokens, stream=stream)
 
 
 def summary(outcomes: list[client.Outcome], cpu: int = 0) -> dict:
@@ -107,17 +116,24 @@ def summary(outcomes: list[client.Outcome], cpu: int = 0) -> dict:
     }
 
 
-async def in_turns(routes: list[Route], model: str, stream: bool, concurrency: int, counts: dict, rounds: int) -> dict:
+async def in_turns(
+    routes: list[Route], model: str, stream: bool, concurrency: int, counts: dict, rounds: int, tokens: int = TOKENS
+) -> dict:
     """Each route's outcomes over `rounds` turns, and its CPU (where it has a pid) over its own turns."""
     outcomes: dict[str, list[client.Outcome]] = {r.name: [] for r in routes}
     cpu = dict.fromkeys(outcomes, 0)
     for route in routes:  # warm: connections open, caches filled
-        await client.closed_loop(route.pools[model], route.requests(model, stream), concurrency, concurrency * 2)
+        await client.closed_loop(
+            route.pools[model], route.requests(model, stream, tokens), concurrency, concurrency * 2
+        )
     for _ in range(rounds):
         for route in routes:
             before = cpu_tree(route.pid)
             outcomes[route.name] += await client.closed_loop(
-                route.pools[model], route.requests(model, stream), concurrency, max(1, counts[route.name] // rounds)
+                route.pools[model],
+                route.requests(model, stream, tokens),
+                concurrency,
+                max(1, counts[route.name] // rounds),
             )
             cpu[route.name] += cpu_tree(route.pid) - before
     return {name: summary(found, cpu[name]) for name, found in outcomes.items()}
@@ -190,10 +206,10 @@ async def open_streams(port: int, streams: int, pid: int) -> tuple[int, int, int
     return idle, held, opened
 
 
-def gateway(fleets: dict[str, Fleet], max_body: int = MAX_BODY) -> RealGateway:
+def gateway(fleets: dict[str, Fleet], max_body: int = MAX_BODY, relay: bool = True) -> RealGateway:
     keys = {"bench": TENANT_KEY, **{f"tenant-{i}": f"key-{i}" for i in range(OTHER_TENANTS)}}
     models = {model: fleet.servers() for model, fleet in fleets.items()}
-    return RealGateway(desired(models, REPLICA_SECRET, keys), max_body)
+    return RealGateway(desired(models, REPLICA_SECRET, keys), max_body, relay=relay)
 
 
 async def measure(args) -> dict:
@@ -209,10 +225,12 @@ async def measure(args) -> dict:
         ports = {model: fleet.ports[0] for model, fleet in fleets.items()}
         proxy = stack.enter_context(gateway(fleets))
         small = stack.enter_context(gateway(fleets, SMALL_BODY))
+        norelay = stack.enter_context(gateway(fleets, relay=False))
         routes = [
             Route("direct", ports, REPLICA_SECRET),
             Route("gateway", dict.fromkeys(ports, proxy.port), TENANT_KEY, proxy.pid),
             Route(SMALL, dict.fromkeys(ports, small.port), TENANT_KEY, small.pid),
+            Route(NORELAY, dict.fromkeys(ports, norelay.port), TENANT_KEY, norelay.pid),
         ]
         if use_litellm:
             upstreams = {model: f"http://127.0.0.1:{port}/v1" for model, port in ports.items()}
@@ -230,20 +248,26 @@ async def measure(args) -> dict:
         if use_litellm:
             results["litellm_rss"] = rss_tree(peer.pid)
         print("  a gateway core's rate…", flush=True)
-        for stream in (True, False):
-            found = await in_turns(routes[1 : 1 + len(GATEWAYS)], "instant", stream, 64, many, 1)
+        for kind, stream, tokens in (("stream", True, TOKENS), ("whole", False, TOKENS), ("long", True, LONG_TOKENS)):
+            found = await in_turns(routes[1 : 1 + len(GATEWAYS)], "instant", stream, 64, many, 1, tokens)
             for name, figures in found.items():
-                results[f"core {'stream' if stream else 'whole'} {name}"] = figures
-    for max_body in MEMORY_BODIES:
-        print(f"  {args.streams} streams open, --max-body {max_body}…", flush=True)
+                results[f"core {kind} {name}"] = figures
+    for max_body, relay in MEMORY:
+        print(f"  {args.streams} streams open, --max-body {max_body}{'' if relay else ', no relay'}…", flush=True)
         with contextlib.ExitStack() as stack:
             fleet = stack.enter_context(Fleet([1.0], TRICKLE, model="trickle", api_key=REPLICA_SECRET))
-            proxy = stack.enter_context(gateway({"trickle": fleet}, max_body))
-            results[f"rss_{max_body}"] = await open_streams(proxy.port, args.streams, proxy.pid)
+            proxy = stack.enter_context(gateway({"trickle": fleet}, max_body, relay))
+            results[memory_key(max_body, relay)] = await open_streams(proxy.port, args.streams, proxy.pid)
     return results
 
 
 PHASES = ("1 stream", "1 whole", "64 streams")
+# The memory figure's gateways: each body limit with the relay, and the default one without.
+MEMORY = (*((max_body, True) for max_body in MEMORY_BODIES), (MAX_BODY, False))
+
+
+def memory_key(max_body: int, relay: bool) -> str:
+    return f"rss_{max_body}" if relay else f"rss_{max_body}_norelay"
 
 
 def report(results: dict, args) -> list[dict]:
@@ -313,26 +337,36 @@ def report(results: dict, args) -> list[dict]:
         if name != "direct":
             add(f"{name}_paced_added_ttft_p50", added / 1000, "ms")
     print()
+    what = {
+        "stream": f"streamed answers of {TOKENS} tokens",
+        "whole": "answers not streamed",
+        "long": f"streamed answers of {LONG_TOKENS} tokens",
+    }
     for name in GATEWAYS:
-        for kind in ("stream", "whole"):
+        cpu_a_request = {}
+        for kind in what:
             r = results[f"core {kind} {name}"]
             per_core = r["count"] / (r["cpu_ns"] / 1e9) if r["cpu_ns"] else math.nan
-            what = f"streamed answers of {TOKENS} tokens" if kind == "stream" else "answers not streamed"
-            print(f"{name}: {per_core:,.0f} {what} per core-second (HAProxy nbthread 1, 64 at once)")
+            cpu_a_request[kind] = 1e6 / per_core
+            print(f"{name}: {per_core:,.0f} {what[kind]} per core-second (HAProxy nbthread 1, 64 at once)")
             add(f"{name}_requests_per_core_second_{kind}", per_core, "requests/s", better="higher")
-    for max_body in MEMORY_BODIES:
-        idle, held, opened = results[f"rss_{max_body}"]
+        per_chunk = (cpu_a_request["long"] - cpu_a_request["stream"]) / (LONG_TOKENS - TOKENS)
+        print(f"{name}: {per_chunk:.2f} µs of HAProxy CPU a streamed chunk")
+        add(f"{name}_cpu_per_streamed_chunk", per_chunk, "µs")
+    for max_body, relay in MEMORY:
+        idle, held, opened = results[memory_key(max_body, relay)]
         bufsize = max_body + HEADER_ROOM
+        suffix = "" if relay else "_norelay"
         print(
-            f"gateway, --max-body {max_body} (tune.bufsize {bufsize}): RSS {idle / 2**20:.1f} MiB idle, "
-            f"{held / 2**20:.1f} MiB with "
+            f"gateway{'' if relay else ' without the relay'}, --max-body {max_body} (tune.bufsize {bufsize}): "
+            f"RSS {idle / 2**20:.1f} MiB idle, {held / 2**20:.1f} MiB with "
             f"{opened} streams open ({(held - idle) / max(opened, 1) / 1024:.1f} KiB a stream)"
         )
-        add(f"gateway_rss_idle_max_body_{max_body}", idle / 2**20, "MiB")
-        add(f"gateway_rss_{args.streams}_streams_max_body_{max_body}", held / 2**20, "MiB")
-        add(f"gateway_streams_opened_max_body_{max_body}", opened, "streams", args.streams, "higher")
+        add(f"gateway_rss_idle_max_body_{max_body}{suffix}", idle / 2**20, "MiB")
+        add(f"gateway_rss_{args.streams}_streams_max_body_{max_body}{suffix}", held / 2**20, "MiB")
+        add(f"gateway_streams_opened_max_body_{max_body}{suffix}", opened, "streams", args.streams, "higher")
         if opened < args.streams:
-            missed.append(f"only {opened} of {args.streams} streams opened (--max-body {max_body})")
+            missed.append(f"only {opened} of {args.streams} streams opened (--max-body {max_body}{suffix})")
     if "litellm_rss" in results:
         print(f"LiteLLM's proxy: RSS {results['litellm_rss'] / 2**20:.0f} MiB after its runs")
         add("litellm_rss", results["litellm_rss"] / 2**20, "MiB")

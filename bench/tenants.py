@@ -52,8 +52,8 @@ ANSWER = json.dumps(
 # and the usage filter; "limits" the usage filter only (to tell the two costs apart).
 REMOVED = {
     "on": (),
-    "limits": ("lua-load", "filter lua."),
-    "off": ("lua-load", "filter lua.", "track-sc0", "rps_limit", "concurrency_limit", "budget", "sc-inc-gpc0"),
+    "limits": ("gateway_usage.lua", "filter lua."),
+    "off": ("gateway_usage.lua", "filter lua.", "track-sc0", "rps_limit", "concurrency_limit", "budget", "sc-inc-gpc0"),
 }
 SIDES = tuple(REMOVED)
 

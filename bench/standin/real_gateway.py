@@ -47,6 +47,8 @@ class RealGateway:
 
     wanted: Desired
     max_body: int = haproxy_config.MAX_BODY
+    # Streams through the relay (deploy/gateway_relay.lua), as production runs; False to measure what it costs.
+    relay: bool = True
     env: dict[str, str] = field(default_factory=lambda: dict(devgateway.HAPROXY_ENV))
     port: int = 0
     process: subprocess.Popen | None = None
@@ -56,7 +58,7 @@ class RealGateway:
     def __post_init__(self) -> None:
         self.port = free_port()
         self.paths = Paths(Path(tempfile.mkdtemp(prefix="bench-gateway-")))
-        self.frontend = Frontend(f"127.0.0.1:{self.port}", self.max_body)
+        self.frontend = Frontend(f"127.0.0.1:{self.port}", self.max_body, relay=self.relay)
         self.runtime = Runtime(self.paths.admin_socket, self.paths.master_socket)
 
     def __enter__(self) -> RealGateway:
