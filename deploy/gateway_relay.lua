@@ -92,15 +92,18 @@ local function relay_body(applet, upstream, chunked, length)
                 until trailer == nil or trailer == ""
                 return true
             end
-            local data = upstream:receive(size)
+            -- The chunk and the CRLF after it, in one read (a read costs more than the copy).
+            local data, _, partial = upstream:receive(size + 2)
             if data == nil then
+                -- What came of a cut chunk is sent: the client sees all the engine sent.
+                if partial ~= nil and partial ~= "" then
+                    last = string.sub(partial, 1, size)
+                    applet:send(last)
+                end
                 return false, last
             end
-            applet:send(data)
-            last = data
-            if upstream:receive("*l") == nil then
-                return false, last
-            end
+            last = string.sub(data, 1, size)
+            applet:send(last)
         end
     elseif length ~= nil then
         if length > 0 then

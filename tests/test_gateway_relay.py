@@ -19,7 +19,7 @@ import pytest
 
 from gateway.models import ApiKey, Tenant
 from gateway.runtime import ask
-from inventory.models import Shard
+from inventory.models import ReplicaState, Shard
 from tests.test_gateway import Engine, Gateway, serve
 
 pytestmark = pytest.mark.slow
@@ -243,3 +243,17 @@ def test_a_client_cannot_send_the_relays_routing_headers(gateway, key):
     assert relayed(gateway) == 1
     headers = [line.lower() for line in engine.heads[0].split(b"\r\n")[1:]]
     assert [h for h in headers if h.startswith(b"x-llmgw-")] == [b"x-llmgw-tenant: acme"]
+
+
+@pytest.mark.django_db
+def test_a_stream_to_a_model_without_a_ready_replica_gets_the_backends_503_through_the_relay(gateway, key):
+    engine = scripted(gateway, [b"data: [DONE]\n\n"])
+    Shard.objects.update(state=ReplicaState.FAILED)
+    gateway.program()
+    connection = socket.create_connection(("127.0.0.1", gateway.port))
+    connection.sendall(request_bytes(STREAM, key))
+    answer = read_to_end(connection)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503")
+    assert json.loads(body)["error"]["code"] == "no_ready_replica"
+    assert (relayed(gateway), engine.heads) == (1, [])
