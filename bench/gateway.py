@@ -34,7 +34,11 @@ spends 50 ms on the prompt and then sends 20 tokens a second. Measured:
    (schedstat, all threads) with 64 streams at once against `instant`, streamed and not,
    and streamed with LONG_TOKENS tokens: HAProxy's CPU per streamed chunk is the difference
    between the long and the short streams' CPU a request, over their difference in chunks;
-5. HAProxy's resident memory with 1,000 streams open through it (a token a second
+5. the relay's cost a stream, paired: streams of 8 tokens from `instant`, one at a time,
+   alternating request by request between `gateway` and `gateway-norelay` (which goes first
+   alternates too), so that each pair meets the shared machine's same moment; the median of
+   the pairs' differences, to the first token and to the end;
+6. HAProxy's resident memory with 1,000 streams open through it (a token a second
    each), at each body limit in MEMORY_BODIES (the buffer is the limit and 16 KiB), and
    without the relay at the default limit.
 """
@@ -175,6 +179,22 @@ async def first_tokens(routes: list[Route], count: int) -> dict:
     return {name: summary(outcomes) for name, outcomes in found.items()}
 
 
+async def relay_pairs(relayed: Route, straight: Route, count: int) -> dict:
+    """The relay's cost a stream: medians of paired differences (µs), the two routes alternating request by request."""
+    found: dict[str, list[client.Outcome]] = {relayed.name: [], straight.name: []}
+    for i in range(count + 20):  # the first 20 pairs warm both
+        for route in (relayed, straight) if i % 2 else (straight, relayed):
+            outcome = await client.send(route.pools["instant"], route.request("instant"))
+            if i >= 20:
+                found[route.name].append(outcome)
+    pairs = [(a, b) for a, b in zip(found[relayed.name], found[straight.name], strict=True) if a.ok and b.ok]
+    return {
+        "pairs": len(pairs),
+        "ttft": client.quantile([(a.ttft - b.ttft) * 1e6 for a, b in pairs], 0.5),
+        "total": client.quantile([(a.total - b.total) * 1e6 for a, b in pairs], 0.5),
+    }
+
+
 async def open_streams(port: int, streams: int, pid: int) -> tuple[int, int, int]:
     """HAProxy's RSS idle and with `streams` streams open through it, each on its own connection; how many opened."""
     idle = psutil.Process(pid).memory_info().rss
@@ -247,6 +267,8 @@ async def measure(args) -> dict:
         results["ttft"] = await first_tokens(routes, args.ttft_requests)
         if use_litellm:
             results["litellm_rss"] = rss_tree(peer.pid)
+        print("  the relay's cost, paired…", flush=True)
+        results["relay pairs"] = await relay_pairs(routes[1], routes[3], args.requests * 2)
         print("  a gateway core's rate…", flush=True)
         for kind, stream, tokens in (("stream", True, TOKENS), ("whole", False, TOKENS), ("long", True, LONG_TOKENS)):
             found = await in_turns(routes[1 : 1 + len(GATEWAYS)], "instant", stream, 64, many, 1, tokens)
@@ -336,6 +358,14 @@ def report(results: dict, args) -> list[dict]:
         add(f"{name}_paced_ttft_p99", r["ttft_p99"] / 1000, "ms")
         if name != "direct":
             add(f"{name}_paced_added_ttft_p50", added / 1000, "ms")
+    print()
+    pairs = results["relay pairs"]
+    print(
+        f"the relay, paired over {pairs['pairs']} streams of {TOKENS} tokens (gateway less gateway-norelay, "
+        f"median): {pairs['ttft']:+.0f} µs to the first token, {pairs['total']:+.0f} µs to the end"
+    )
+    add("relay_paired_added_ttft_p50", pairs["ttft"], "µs")
+    add("relay_paired_added_total_p50", pairs["total"], "µs")
     print()
     what = {
         "stream": f"streamed answers of {TOKENS} tokens",
