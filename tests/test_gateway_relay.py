@@ -222,8 +222,9 @@ def test_only_streams_go_through_the_relay(gateway, key):
     for body in ({**STREAM, "stream": False}, {k: v for k, v in STREAM.items() if k != "stream"}):
         connection = socket.create_connection(("127.0.0.1", gateway.port))
         connection.sendall(request_bytes(body, key))
-        assert dechunk(read_to_end(connection))[0] == 200
-    assert len(engine.heads) == 2
+        answer = read_to_end(connection)
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+    assert len(engine.heads) == 2, engine.heads
     assert relayed(gateway) == 0
     connection = socket.create_connection(("127.0.0.1", gateway.port))
     connection.sendall(request_bytes(STREAM, key))
