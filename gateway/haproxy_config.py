@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import resource
 import tempfile
 from dataclasses import dataclass, field
@@ -103,6 +104,58 @@ class Desired:
         return {"models": self.catalog()}
 
 
+# The table of each tenant's counters, when the gateway is the only one.
+TENANTS_TABLE = "st_tenants"
+# A gateway's name among several: its HAProxy peer name and its table's suffix.
+PEER_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
+# How long an entry outlives the tenant's last request. A gateway's sync rewrites its tenants' requests
+# in flight (gpt0) before half of it has passed, so that the others' copies stay while a stream lasts.
+TENANTS_EXPIRE_S = 60
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One gateway among several: its name, and where its HAProxy's peers listener is (HOST:PORT)."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
+class Peering:
+    """This gateway among several (docs/gateway.md, "Several gateways"): every gateway, itself included.
+
+    Each gateway counts its tenants in its own table and only there; `peers` replicates every table to
+    every gateway, and the limits are checked against the sum. `cert` (certificate and key, PEM) and
+    `ca` make the gateways' connections TLS, each end proving itself with a certificate `ca` signed."""
+
+    name: str
+    peers: tuple[Peer, ...]
+    cert: str = ""
+    ca: str = ""
+
+    def __post_init__(self):
+        names = [peer.name for peer in self.peers]
+        if self.name not in names:
+            raise ValueError(f"this gateway ({self.name}) is not among the peers ({', '.join(names)})")
+        if len(set(names)) != len(names):
+            raise ValueError("two peers have one name")
+        if bool(self.cert) != bool(self.ca):
+            raise ValueError("TLS between peers needs both a certificate and a CA")
+
+    @property
+    def table(self) -> str:
+        return tenants_table(self.name)
+
+    @property
+    def others(self) -> tuple[Peer, ...]:
+        return tuple(peer for peer in self.peers if peer.name != self.name)
+
+
+def tenants_table(gateway: str) -> str:
+    return f"{TENANTS_TABLE}_{gateway}"
+
+
 @dataclass(frozen=True)
 class Frontend:
     """How one gateway instance listens: its address, the largest body it routes, how long a request may take."""
@@ -112,6 +165,12 @@ class Frontend:
     request_timeout: int = REQUEST_TIMEOUT
     # Where Prometheus scrapes the gateway's own series (HAProxy's exporter); empty: not exported.
     metrics_bind: str = ""
+    # The other gateways whose tenants' counters add to this one's; None: this gateway alone.
+    peering: Peering | None = None
+
+    @property
+    def tenants_table(self) -> str:
+        return self.peering.table if self.peering else TENANTS_TABLE
 
     @property
     def bufsize(self) -> int:
@@ -245,6 +304,81 @@ def metrics_section(frontend: Frontend) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- tenants' counters: one table, or one per gateway summed (docs/gateway.md, "Several gateways") ------------
+
+PEERS_SECTION = "gateways"
+
+
+def tenant_track(frontend: Frontend) -> str:
+    """The rule tracking the request's tenant, for the request's life, in this gateway's own table."""
+    return f"    http-request track-sc0 var(txn.tenant) table {frontend.tenants_table}"
+
+
+def tenants_elsewhere(frontend: Frontend) -> str:
+    """With peers: the tenant's requests admitted in the last second and in flight on the other gateways, from
+    their tables as replicated here, summed into variables; read only for a tenant with that limit."""
+    if frontend.peering is None:
+        return ""
+    lines = []
+    for what, converter, limit in (
+        ("rate", "table_gpc0_rate", "rps_limit"),
+        ("in_flight", "table_gpt0", "concurrency_limit"),
+    ):
+        for index, peer in enumerate(frontend.peering.others):
+            total = f",add(txn.{what}_elsewhere)" if index else ""
+            count = f"var(txn.tenant),{converter}({tenants_table(peer.name)}){total}"
+            lines.append(f"    http-request set-var(txn.{what}_elsewhere) {count} if {{ var(txn.{limit}) -m found }}")
+    return "\n".join(lines)
+
+
+def tenant_requests(frontend: Frontend, counter: str, what: str) -> str:
+    """The sample the limit is compared with: this gateway's own counter, plus the others' when peered."""
+    if frontend.peering is None or not frontend.peering.others:
+        return counter
+    return f"{counter},add(txn.{what}_elsewhere)"
+
+
+def tenant_publish(frontend: Frontend) -> str:
+    """With peers: an admitted request writes the tenant's requests in flight here (conn_cur, which peers do not
+    send) into gpt0, which they do, so the others see it at once; the sync writes it again as requests end."""
+    if frontend.peering is None:
+        return ""
+    return "    http-request sc-set-gpt0(0) sc_conn_cur(0)"
+
+
+def peer_tls(peering: Peering) -> str:
+    if not peering.cert:
+        return ""
+    return f" ssl crt {peering.cert} ca-file {peering.ca} verify required"
+
+
+def tenant_tables(frontend: Frontend) -> str:
+    """The tenants' tables: this gateway's alone, or every gateway's, each replicated to all by `peers`."""
+    table = f"stick-table type string len 64 size 100k expire {TENANTS_EXPIRE_S}s store gpc0_rate(1s),conn_cur"
+    peering = frontend.peering
+    if peering is None:
+        return f"backend {TENANTS_TABLE}\n    {table}"
+    tls = peer_tls(peering)
+    mine = next(peer for peer in peering.peers if peer.name == peering.name)
+    lines = [
+        "# This gateway's name among the peers (HAProxy's localpeer); its table is the only one it writes.",
+        "global",
+        f"    localpeer {peering.name}",
+        "",
+        "# Every gateway's tenants' table, each written by its own gateway alone and replicated to all. The",
+        '# peers\' port has no password: reachable by the gateways only (docs/operations.md, "Several gateways").',
+        f"peers {PEERS_SECTION}",
+        f"    bind {mine.address}{tls}",
+        *(
+            f"    server {peer.name}" + ("" if peer.name == peering.name else f" {peer.address}{tls}")
+            for peer in peering.peers
+        ),
+    ]
+    for peer in peering.peers:
+        lines += ["", f"backend {tenants_table(peer.name)}", f"    {table},gpt0 peers {PEERS_SECTION}"]
+    return "\n".join(lines)
+
+
 def backend_section(backend: Backend) -> str:
     lines = [
         f"backend {backend.name}",
@@ -279,10 +413,17 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "request_timeout": f"{frontend.request_timeout}s",
         "errorfiles": "\n".join(f"    errorfile {code} {paths.errors / f'{code}.http'}" for code in ERRORS),
         "metrics": metrics_section(frontend),
+        "tenant_track": tenant_track(frontend),
+        "tenants_elsewhere": tenants_elsewhere(frontend),
+        "tenant_rate": tenant_requests(frontend, "sc_gpc0_rate(0)", "rate"),
+        "tenant_in_flight": tenant_requests(frontend, "sc_conn_cur(0)", "in_flight"),
+        "tenant_publish": tenant_publish(frontend),
+        "tenant_tables": tenant_tables(frontend),
         "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
     }
     for name, value in fields.items():
-        text = text.replace("{{" + name + "}}", value)
+        # A placeholder alone on its line that renders nothing leaves no empty line behind.
+        text = text.replace("{{" + name + "}}" + ("\n" if not value else ""), value)
     if "{{" in text:
         raise ValueError(f"unfilled placeholder in {TEMPLATE}: {text[text.index('{{') :].splitlines()[0]}")
     return text

@@ -115,6 +115,18 @@ class Runtime:
                 entries[parts[1]] = parts[2]
         return entries
 
+    def table_entries(self, table: str, where: str = "") -> dict[str, dict[str, int]]:
+        """`show table` (its entries matching `where`, e.g. `data.gpt0 gt 0`): key → counters and `exp` (ms left)."""
+        entries = {}
+        for line in self.ask(f"show table {table} {where}".strip()).splitlines():
+            if not line.startswith("0x"):
+                continue
+            fields = dict(word.split("=", 1) for word in line.split()[1:] if "=" in word)
+            key = fields.pop("key", None)
+            if key is not None:
+                entries[key] = {name.split("(", 1)[0]: int(value) for name, value in fields.items() if value.isdigit()}
+        return entries
+
     def command(self, command: str, ok: tuple[str, ...] = ("",)) -> str:
         """A change; raises unless HAProxy's answer starts with one of `ok` (most changes answer nothing)."""
         answer = self.ask(command).strip()

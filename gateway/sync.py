@@ -104,6 +104,7 @@ class Sync:
             self._repair_map(self.paths.rps_map, desired.requests_per_second, done)
             self._repair_map(self.paths.concurrency_map, desired.concurrent_requests, done)
             self._repair_map(self.paths.budget_map, desired.budget_spent, done)
+            self._publish_in_flight(done)
         except RuntimeError_ as exc:
             done.errors.append(str(exc))
             log.warning("gateway: %s", exc)
@@ -225,6 +226,24 @@ class Sync:
             self.report_in_flight(by_replica)
         except Exception as exc:  # Redis down: drains stop waiting (bounded by their deadline anyway)
             done.errors.append(f"requests in flight not reported: {exc}")
+
+    # -- tenants' requests in flight, for the other gateways -----------------------------------
+
+    def _publish_in_flight(self, done: Pass) -> None:
+        """With peers: each tenant's requests in flight here (conn_cur, which peers do not send) into gpt0,
+        which they do. A request admitted writes it as it starts; this writes it again once requests have
+        ended, and rewrites it while they last, before the others' copies of the entry expire."""
+        if self.frontend.peering is None:
+            return
+        table = self.frontend.peering.table
+        entries = self.runtime.table_entries(table, "data.gpt0 gt 0")
+        entries.update(self.runtime.table_entries(table, "data.conn_cur gt 0"))
+        for tenant, counters in sorted(entries.items()):
+            in_flight = counters.get("conn_cur", 0)
+            stale = counters.get("gpt0", 0) != in_flight
+            expiring = in_flight > 0 and counters.get("exp", 0) < haproxy_config.TENANTS_EXPIRE_S * 1000 / 2
+            if stale or expiring:
+                self._do(done, f"set table {table} key {tenant} data.gpt0 {in_flight}")
 
     # -- maps -----------------------------------------------------------------------------------
 
