@@ -14,6 +14,7 @@ import json
 import socket
 import ssl
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,7 @@ from django.core.management import CommandError, call_command
 from devstack.polling import wait_until
 from devstack.ports import free_port
 from devstack.proxy import haproxy_binary
+from gateway import haproxy_config
 from gateway.haproxy_config import Paths, Peer, Peering
 from gateway.models import ApiKey, Tenant
 from inventory.models import Shard
@@ -60,14 +62,19 @@ def key(tenant) -> str:
     return secret
 
 
-@pytest.fixture
-def engine(gateways, db):
-    """One demo engine behind both gateways; slow enough (20 ms a token) that streams stay in flight."""
+def serve_engine(gateways: list[Gateway]) -> Engine:
+    """One demo engine behind the gateways; slow enough (20 ms a token) that streams stay in flight."""
     replica = serve("gw-1", 0)
     running = Engine(replica.deployment.engine_secret, cpu_ms_per_token=20)
     Shard.objects.filter(replica=replica).update(port=running.port)
     for each in gateways:
         each.program()
+    return running
+
+
+@pytest.fixture
+def engine(gateways, db):
+    running = serve_engine(gateways)
     yield running
     running.stop()
 
@@ -149,6 +156,29 @@ def test_streams_held_open_on_one_gateway_count_against_the_others_concurrency_l
     for each in gateways:
         each.sync.run_once()
         assert each.sync.runtime.table_entries(each.frontend.tenants_table, "data.gpt0 gt 0") == {}
+
+
+def test_a_stream_longer_than_the_tables_expiry_still_counts_on_the_other_gateway(tmp_path, tenant, key, monkeypatch):
+    # Entries expire after 4 s here (60 s as shipped): a stream outlasting it must still count on B, as A's
+    # sync writes its count again before B's copy of the entry would expire.
+    monkeypatch.setattr(haproxy_config, "TENANTS_EXPIRE_S", 4)
+    gateways = peered(tmp_path)
+    try:
+        a, b = gateways
+        running = serve_engine(gateways)
+        limit(gateways, tenant, concurrent_requests=1)
+        wait_until(lambda: peers_up(gateways), 10, "the gateways to connect to each other")
+        stream = Stream(a, key)
+        deadline = time.monotonic() + 6
+        while time.monotonic() < deadline:
+            a.sync.run_once()
+            assert refused_for(b.post("/v1/chat/completions", CHAT, key), "concurrent requests limit of 1")
+            time.sleep(0.5)  # A's sync passes twice a second here (every second as shipped)
+        stream.close()
+        running.stop()
+    finally:
+        for each in gateways:
+            each.stop()
 
 
 def test_each_gateway_alone_still_serves_and_limits_while_the_other_is_down(gateways, engine, tenant, key):
