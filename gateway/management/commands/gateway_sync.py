@@ -2,7 +2,9 @@
 
 One per gateway instance, beside its HAProxy (started in master-worker mode with the
 config and sockets in the same directory). Each pass also records the tokens its HAProxy
-counted and writes the tenants' limits and spent budgets. docs/gateway.md has the whole picture.
+counted and writes the tenants' limits and spent budgets. With --name and --peer (every gateway,
+this one included), the tenants' limits hold across the gateways: HAProxy's peers share their
+counters (docs/gateway.md, "Several gateways" under Tenants). docs/gateway.md has the whole picture.
 """
 
 from __future__ import annotations
