@@ -148,13 +148,17 @@ async def run(args) -> int:
     by = {row["round"]: row for row in table}
     alone = by["alone"]["light_ttft_p99"]
     print()
-    print("| round | light TTFT p50 | light TTFT p99 | p99 ÷ alone | flood requests/s | flood tokens/s | flood 429/s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| round | light TTFT p50 | light TTFT p99 | p99 ÷ alone | flood requests/s | flood tokens/s | flood 429/s "
+        "| errors |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for row in table:
         print(
             f"| {row['round']} | {row['light_ttft_p50']:.0f} ms | {row['light_ttft_p99']:.0f} ms "
             f"| {row['light_ttft_p99'] / alone:.2f} | {row['flood_requests_per_second']:.1f} "
-            f"| {row['flood_tokens_per_second']:.0f} | {row['flood_refused_per_second']:.1f} |"
+            f"| {row['flood_tokens_per_second']:.0f} | {row['flood_refused_per_second']:.1f} "
+            f"| {row['light_errors'] + row['flood_errors']} |"
         )
     results = []
     for row in table:
@@ -216,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few seconds a round, to see it run")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seconds, args.warmup = 4.0, 2.0
+        args.seconds, args.warmup = 4.0, 3.0
     try:
         import uvloop
 
