@@ -86,7 +86,7 @@ class Sync:
             log.warning("gateway: %s", done.errors[-1])
         if self.desired is None:
             return done
-        desired = self._with_fair_shares(self.desired, done)
+        desired = self._with_fair_shares(self.desired)
         self.metrics.over_budget.set(len(desired.budget_spent))
         config_changed = haproxy_config.write_all(self.paths, self.frontend, desired)
         try:
@@ -219,8 +219,10 @@ class Sync:
             else:
                 done.waiting.append(f"del server {where}: {answer}")
 
-    def _with_fair_shares(self, desired: Desired, done: Pass) -> Desired:
+    def _with_fair_shares(self, desired: Desired) -> Desired:
         """`desired` with each saturable model's fair share, from the tenants' requests on it now (gateway.fairness)."""
+        if not any(s.maxconn for b in desired.backends.values() for s in b.servers):
+            return desired  # no model limited: nothing to ask HAProxy
         try:
             asked = self.recent.add(fairness.demands(self.runtime.ask(fairness.command())))
         except RuntimeError_:  # HAProxy not there: the shares as if nobody asked (the repairs below say why)
