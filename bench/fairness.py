@@ -1,6 +1,6 @@
 """Fair under pressure: a light tenant's time to first token while another floods the same model.
 
-    python -m bench.fairness [--seconds 20] [--warmup 5] [--flood 4] [--quick]
+    python -m bench.fairness [--seconds 20] [--warmup 5] [--flood 4] [--runs 1] [--quick]
 
 Stand-in engines with real queueing (bench/standin/engine.py: 2 replicas of 4 slots, 50
 tokens/s a slot, prefill 2,000 tokens/s) behind the real gateway (deploy/gateway.cfg rendered
@@ -15,9 +15,10 @@ again, as OpenAI's clients do. Three rounds, each on a fresh fleet and gateway:
 - `unfair`: the same two tenants, no max in flight (as the gateway was: the engines queue,
   first come first served).
 
-B's time to first token counts requests sent after `--warmup` seconds of the round (A starts
-first, so the warm-up also covers the moment a light tenant appears beside a flood). Target:
-B's p99 in `fair` at most 1.5 times its p99 `alone`.
+B's time to first token counts requests sent after `--warmup` seconds of the round (A and B
+start together, so the warm-up also covers the moment a light tenant appears beside a flood).
+With `--runs N` the three rounds run N times, interleaved, and the table holds each figure's
+median over the runs. Target: B's p99 in `fair` at most 1.5 times its p99 `alone`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import argparse
 import asyncio
 import math
 import random
+import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -125,26 +127,41 @@ async def one_round(name: str, args, flood: bool, fair: bool) -> dict:
     }
 
 
+def median_row(rows: list[dict]) -> dict:
+    """The runs of one round: each figure their median (errors: their sum)."""
+    row = dict(rows[0])
+    for key, value in row.items():
+        if isinstance(value, int | float):
+            values = [r[key] for r in rows if not math.isnan(r[key])]
+            summed = key.endswith(("errors", "refused"))
+            row[key] = sum(values) if summed else statistics.median(values) if values else math.nan
+    return row
+
+
 async def run(args) -> int:
     capacity = PACE.slots * REPLICAS
     print(
         f"fairness: {REPLICAS} replicas of {PACE.slots} slots ({capacity} streams), {PACE.decode_tps:g} tokens/s a "
         f"slot, prefill {PACE.prefill_tps:g} tokens/s; light tenant {LIGHT_STREAMS} streams of {LIGHT_TOKENS} tokens, "
-        f"flood {args.flood * capacity} streams of {FLOOD_TOKENS}; {args.warmup:g} + {args.seconds:g} s a round",
+        f"flood {args.flood * capacity} streams of {FLOOD_TOKENS}; {args.warmup:g} + {args.seconds:g} s a round, "
+        f"{args.runs} run(s)",
         flush=True,
     )
     rounds = [("alone", False, True), ("fair", True, True), ("unfair", True, False)]
-    table = []
-    for name, flood, fair in rounds:
-        row = await one_round(name, args, flood, fair)
-        table.append(row)
-        print(
-            f"  {name}: light {row['light_requests']} requests, TTFT p50 {row['light_ttft_p50']:.0f} ms, "
-            f"p99 {row['light_ttft_p99']:.0f} ms; flood {row['flood_requests_per_second']:.1f} requests/s, "
-            f"{row['flood_refused_per_second']:.1f} refused/s; fair.map {row['fair_map'] or '-'}"
-            f"{'; failures: ' + ', '.join(row['failures']) if row['failures'] else ''}",
-            flush=True,
-        )
+    seen: dict[str, list[dict]] = {name: [] for name, _, _ in rounds}
+    for run_number in range(args.runs):
+        for name, flood, fair in rounds:
+            row = await one_round(name, args, flood, fair)
+            seen[name].append(row)
+            print(
+                f"  run {run_number + 1} {name}: light {row['light_requests']} requests, "
+                f"TTFT p50 {row['light_ttft_p50']:.0f} ms, "
+                f"p99 {row['light_ttft_p99']:.0f} ms; flood {row['flood_requests_per_second']:.1f} requests/s, "
+                f"{row['flood_refused_per_second']:.1f} refused/s; fair.map {row['fair_map'] or '-'}"
+                f"{'; failures: ' + ', '.join(row['failures']) if row['failures'] else ''}",
+                flush=True,
+            )
+    table = [median_row(rows) for rows in seen.values()]
     by = {row["round"]: row for row in table}
     alone = by["alone"]["light_ttft_p99"]
     print()
@@ -217,6 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0, help="counted seconds a round (default 20)")
     parser.add_argument("--warmup", type=float, default=5.0, help="seconds first, not counted (default 5)")
     parser.add_argument("--flood", type=int, default=4, help="the flood's streams, times the capacity (default 4)")
+    parser.add_argument("--runs", type=int, default=1, help="runs of the three rounds; the table holds the medians")
     parser.add_argument("--quick", action="store_true", help="a few seconds a round, to see it run")
     args = parser.parse_args(argv)
     if args.quick:
