@@ -8,15 +8,17 @@ by gateway.haproxy_config, its servers and fair shares programmed by the gateway
 a pass a second as gateway_sync runs it). Tenant B, light, keeps 2 streams going (each a
 unique 200-word prompt, 32 tokens back); tenant A, flooding, keeps `--flood` times the model's
 capacity (8 streams) going, 64 tokens each, and waits the Retry-After of a 429 before sending
-again, as OpenAI's clients do. Three rounds, each on a fresh fleet and gateway:
+again, as OpenAI's clients do (from a process of its own, so that its clients do not slow
+the light tenant's measuring). Three rounds, each on a fresh fleet and gateway:
 
 - `alone`: B only, the deployment's max in flight per replica at its slots (4): what B gets alone;
 - `fair`: A floods, B as before, the same deployment: the fairness rules at work;
 - `unfair`: the same two tenants, no max in flight (as the gateway was: the engines queue,
   first come first served).
 
-B's time to first token counts requests sent after `--warmup` seconds of the round (A and B
-start together, so the warm-up also covers the moment a light tenant appears beside a flood).
+The flood starts first; B's time to first token counts requests sent after its own first
+`--warmup` seconds (which cover the moment a light tenant appears beside a flood, until the
+sync's next passes have set the fair share and the flood's excess has drained).
 With `--runs N` the three rounds run N times, interleaved, and the table holds each figure's
 median over the runs. Target: B's p99 in `fair` at most 1.5 times its p99 `alone`.
 """
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import random
 import statistics
@@ -32,7 +35,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from bench.agent_cost import write_results
+from bench.agent_cost import ROOT, write_results
 from bench.standin import client
 from bench.standin.engine import Pace
 from bench.standin.fleet import Fleet
@@ -68,8 +71,15 @@ def request(rng: random.Random, key: str, max_tokens: int) -> bytes:
     return client.request_bytes("/v1/chat/completions", body, key)
 
 
+@dataclass
+class Deadline:
+    """When a tenant's clients stop sending: set once known (the flood's, when the light tenant has had its time)."""
+
+    at: float = math.inf
+
+
 async def tenant_loop(
-    port: int, key: str, streams: int, max_tokens: int, until: float, seed: int, seen: Tenant
+    port: int, key: str, streams: int, max_tokens: int, until: Deadline, seed: int, seen: Tenant
 ) -> None:
     """`streams` clients each sending its next request when the last is answered, until `until`;
     a 429 is waited out for its Retry-After (1 s), as OpenAI's clients do."""
@@ -77,7 +87,7 @@ async def tenant_loop(
 
     async def one(n: int) -> None:
         rng = random.Random(seed * 1000 + n)
-        while time.perf_counter() < until:
+        while time.perf_counter() < until.at:
             outcome = await client.send(pool, request(rng, key, max_tokens))
             if outcome.status == 429:
                 seen.refused += 1
@@ -91,26 +101,84 @@ async def tenant_loop(
         pool.close()
 
 
+class FloodProcess:
+    """The flood from a process of its own, so that its 32 clients do not slow the light tenant's measuring:
+    started first, flooding by the time `start` returns, stopped by `stop`, which returns what it saw."""
+
+    def __init__(self, port: int, streams: int):
+        self.port, self.streams = port, streams
+        self.child: asyncio.subprocess.Process | None = None
+
+    async def start(self) -> None:
+        command = ["-m", "bench.fairness", "--flood-child", str(self.port), str(self.streams)]
+        self.child = child = await asyncio.create_subprocess_exec(
+            sys.executable, *command, cwd=ROOT, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE
+        )
+        assert child.stdout is not None
+        ready = await asyncio.wait_for(child.stdout.readline(), 60)
+        if ready.strip() != b"flooding":
+            raise RuntimeError(f"the flood's process did not start: {ready!r}")
+
+    async def stop(self) -> dict:
+        child = self.child
+        assert child is not None and child.stdin is not None
+        child.stdin.write(b"stop\n")
+        await child.stdin.drain()
+        out, _ = await child.communicate()
+        if child.returncode:
+            raise RuntimeError(f"the flood's process failed ({child.returncode})")
+        return json.loads(out.decode().strip().splitlines()[-1])
+
+
+async def flood_child(port: int, streams: int) -> None:
+    """The child's side: floods until a line comes on its stdin, then prints what it saw as one line of JSON."""
+    seen, until, began = Tenant(), Deadline(), time.perf_counter()
+    flooding = asyncio.create_task(tenant_loop(port, KEYS["flood"], streams, FLOOD_TOKENS, until, 2, seen))
+    # Its clients have all sent their first request: the parent starts the light tenant now.
+    await asyncio.sleep(0.5)
+    print("flooding", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    until.at = time.perf_counter()
+    await flooding
+    seconds = time.perf_counter() - began
+    good = [o for o in seen.outcomes if o.ok]
+    failures = sorted({o.error or f"HTTP {o.status}" for o in seen.outcomes if not o.ok})
+    summary = {
+        "requests_per_second": len(good) / seconds,
+        "tokens_per_second": sum(o.completion_tokens for o in good) / seconds,
+        "refused_per_second": seen.refused / seconds,
+        "errors": len(seen.outcomes) - len(good),
+        "failures": failures,
+    }
+    print(json.dumps(summary), flush=True)
+
+
 async def one_round(name: str, args, flood: bool, fair: bool) -> dict:
     servers_limit = PACE.slots if fair else 0
     with Fleet([1.0] * REPLICAS, PACE, MODEL, api_key=SECRET) as fleet:
         wanted = desired({MODEL: fleet.servers()}, SECRET, KEYS, max_in_flight=servers_limit)
         with RealGateway(wanted, sync_every=1.0) as gateway:
+            flooding: dict = {
+                "requests_per_second": 0.0,
+                "tokens_per_second": 0.0,
+                "refused_per_second": 0.0,
+                "errors": 0,
+                "failures": [],
+            }
+            flood_clients = FloodProcess(gateway.port, args.flood * PACE.slots * REPLICAS) if flood else None
+            if flood_clients:
+                await flood_clients.start()
+            # The light tenant appears beside the flood (or alone): its first `warmup` seconds are not counted.
             started = time.perf_counter()
-            until = started + args.warmup + args.seconds
-            light, flooding = Tenant(), Tenant()
-            tasks = [tenant_loop(gateway.port, KEYS["light"], LIGHT_STREAMS, LIGHT_TOKENS, until, 1, light)]
-            if flood:
-                streams = args.flood * PACE.slots * REPLICAS
-                tasks.append(tenant_loop(gateway.port, KEYS["flood"], streams, FLOOD_TOKENS, until, 2, flooding))
-            await asyncio.gather(*tasks)
-            finished = time.perf_counter()
+            light = Tenant()
+            until = Deadline(started + args.warmup + args.seconds)
+            await tenant_loop(gateway.port, KEYS["light"], LIGHT_STREAMS, LIGHT_TOKENS, until, 1, light)
             shares = gateway.ask(f"show map {gateway.paths.fair_map}").strip()
+            if flood_clients:
+                flooding = await flood_clients.stop()
     counted = light.counted(started + args.warmup)
     good = [o for o in counted if o.ok]
     ttft = [o.ttft * 1000 for o in good]
-    flood_good = [o for o in flooding.outcomes if o.ok]
-    seconds = finished - started
     return {
         "round": name,
         "light_requests": len(counted),
@@ -118,11 +186,14 @@ async def one_round(name: str, args, flood: bool, fair: bool) -> dict:
         "light_refused": light.refused,
         "light_ttft_p50": client.quantile(ttft, 0.5),
         "light_ttft_p99": client.quantile(ttft, 0.99),
-        "flood_requests_per_second": len(flood_good) / seconds,
-        "flood_tokens_per_second": sum(o.completion_tokens for o in flood_good) / seconds,
-        "flood_refused_per_second": flooding.refused / seconds,
-        "flood_errors": sum(not o.ok for o in flooding.outcomes),
-        "failures": sorted({o.error or f"HTTP {o.status}" for o in light.outcomes + flooding.outcomes if not o.ok}),
+        # Over the flood's whole run (from before the light tenant came until after it left).
+        "flood_requests_per_second": flooding["requests_per_second"],
+        "flood_tokens_per_second": flooding["tokens_per_second"],
+        "flood_refused_per_second": flooding["refused_per_second"],
+        "flood_errors": flooding["errors"],
+        "failures": sorted(
+            {o.error or f"HTTP {o.status}" for o in light.outcomes if not o.ok} | {*flooding["failures"]}
+        ),
         "fair_map": shares.split(" ", 1)[-1] if shares else "",
     }
 
@@ -236,6 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flood", type=int, default=4, help="the flood's streams, times the capacity (default 4)")
     parser.add_argument("--runs", type=int, default=1, help="runs of the three rounds; the table holds the medians")
     parser.add_argument("--quick", action="store_true", help="a few seconds a round, to see it run")
+    # The flood's own process (FloodProcess): PORT STREAMS.
+    parser.add_argument("--flood-child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.quick:
         args.seconds, args.warmup = 4.0, 3.0
@@ -245,6 +318,10 @@ def main(argv: list[str] | None = None) -> int:
         uvloop.install()
     except ImportError:
         pass
+    if args.flood_child:
+        port, streams = args.flood_child
+        asyncio.run(flood_child(int(port), int(streams)))
+        return 0
     return asyncio.run(run(args))
 
 
