@@ -53,6 +53,9 @@ class Server:
     port: int
     weight: int = DEFAULT_WEIGHT
     state: str = ServerState.READY
+    # Requests this gateway sends it at once (the deployment's max in flight per replica); the rest
+    # wait in HAProxy's queue, tenants under their fair share first (gateway.fairness). 0: no limit.
+    maxconn: int = 0
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,9 @@ class Desired:
     concurrent_requests: dict[str, str] = field(default_factory=dict)
     # Tenant → `window:limit:seconds` for the tenants whose token budget is spent (gateway.budgets).
     budget_spent: dict[str, str] = field(default_factory=dict)
+    # Backend → `share:capacity` for the backends whose servers have a maxconn (gateway.fairness); filled
+    # by the sync from the tenants' requests on each model now.
+    fair_shares: dict[str, str] = field(default_factory=dict)
 
     def shape(self) -> tuple[tuple[str, str, bool], ...]:
         """What only a reload can change: the backends and their engines' secrets."""
@@ -216,6 +222,10 @@ class Paths:
         return self.directory / "budget.map"
 
     @property
+    def fair_map(self) -> Path:
+        return self.directory / "fair.map"
+
+    @property
     def catalog_map(self) -> Path:
         return self.directory / "catalog.map"
 
@@ -234,7 +244,12 @@ ERRORS: dict[int, tuple[str, str, str]] = {
     429: ("Too Many Requests", "Rate limit reached; retry after the time in Retry-After", "rate_limit_error"),
     500: ("Internal Server Error", "The gateway failed", "server_error"),
     502: ("Bad Gateway", "The model's engine gave an invalid response", "server_error"),
-    503: ("Service Unavailable", "No replica of the model is ready; retry later", "server_error"),
+    # Also a request that waited in the model's queue past `timeout queue` (its replicas all busy).
+    503: (
+        "Service Unavailable",
+        "No replica of the model is ready, or none became free within the gateway's queue timeout; retry later",
+        "server_error",
+    ),
     504: ("Gateway Timeout", "The model's engine did not answer in time", "server_error"),
 }
 RETRY_AFTER = {429: 1, 503: 1}
@@ -275,8 +290,14 @@ def max_connections() -> int:
 SERVER_OPTIONS = "pool-max-conn -1 pool-purge-delay 1s"
 
 
+def server_options(server: Server) -> str:
+    """Its weight, its limit (if any) and the pool's options, as `server` lines and `add server` take them."""
+    limit = f" maxconn {server.maxconn}" if server.maxconn else ""
+    return f"weight {server.weight}{limit} {SERVER_OPTIONS}"
+
+
 def server_line(server: Server) -> str:
-    line = f"    server {server.name} {server.address}:{server.port} weight {server.weight} {SERVER_OPTIONS}"
+    line = f"    server {server.name} {server.address}:{server.port} {server_options(server)}"
     return line + (" disabled" if server.state != ServerState.READY else "")
 
 
@@ -379,7 +400,51 @@ def tenant_tables(frontend: Frontend) -> str:
     return "\n".join(lines)
 
 
-def backend_section(backend: Backend) -> str:
+# Fair under pressure: each tenant's requests on each model now (in flight and queued), on this gateway,
+# and how often it was refused for being over its fair share (gateway.fairness reads both).
+FAIR_TABLE = "st_fair"
+FAIR_REFUSALS = "gpc0_rate(10s)"
+
+
+def fair_table_section() -> str:
+    # Keys are `<backend>/<tenant>`: neither name holds a '/' (their validators).
+    return (
+        "# Each tenant's requests on each model (in flight and queued) on this gateway, and its refusals.\n"
+        f"backend {FAIR_TABLE}\n"
+        f"    stick-table type string len 200 size 100k expire 60s store conn_cur,{FAIR_REFUSALS}\n"
+    )
+
+
+def fairness_rules(backend: Backend, fair_map: Path) -> tuple[str, ...]:
+    """Fair under pressure (docs/gateway.md), where the sync has written a fair share for the backend (its
+    servers have a maxconn, `share:queue bound` in fair.map): a queued request waits behind those of tenants
+    with fewer requests on the model (its priority class: the tenant's requests on it already), and a tenant
+    with its fair share already on the model is refused once the queue reaches the bound (0 while other
+    tenants want more than is left: so the model keeps room for them)."""
+    on = "{ var(txn.fair) -m found }"
+    over = "{ var(txn.fair_over) -m found }"
+    message = (
+        f"Model {backend.served_model} is saturated: tenant %[var(txn.tenant)] already has "
+        "%[sc_conn_cur(1),sub(1)] requests on it and its fair share is %[var(txn.fair_share)]; retry after 1s"
+    )
+    refusal = f'{{"error":{{"message":"{message}","type":"requests","param":null,"code":"rate_limit_exceeded"}}}}'
+    return (
+        "    # Fair under pressure: the queue is served lowest class first, the class being the tenant's requests",
+        "    # on this model already; a tenant at its fair share is refused once the queue reaches the bound.",
+        f"    http-request set-var(txn.fair) str({backend.name}),map({fair_map})",
+        f"    http-request track-sc1 str({backend.name}),concat(/,txn.tenant) table {FAIR_TABLE} if {on}",
+        f"    http-request set-priority-class sc_conn_cur(1),sub(1) if {on}",
+        f"    http-request set-var(txn.fair_share) var(txn.fair),field(1,:) if {on}",
+        f"    http-request set-var(txn.fair_bound) var(txn.fair),field(2,:) if {on}",
+        f"    http-request set-var(txn.fair_over) bool(true) if {on} {{ sc_conn_cur(1),sub(txn.fair_share) gt 0 }} "
+        "{ queue,sub(txn.fair_bound) ge 0 }",
+        f"    http-request sc-inc-gpc0(1) if {over}",
+        f"    http-request return status 429 content-type application/json hdr Retry-After 1 lf-string '{refusal}' "
+        f"if {over}",
+    )
+
+
+def backend_section(backend: Backend, fair_map: Path) -> str:
     lines = [
         f"backend {backend.name}",
         *(PREFIX_AFFINITY if backend.prefix_affinity else ("    balance leastconn",)),
@@ -389,6 +454,7 @@ def backend_section(backend: Backend) -> str:
         "    http-request return status 503 content-type application/json hdr Retry-After 1 string "
         '\'{"error":{"message":"No replica of this model is ready; retry later","type":"server_error",'
         '"param":null,"code":"no_ready_replica"}}\' if { nbsrv eq 0 }',
+        *fairness_rules(backend, fair_map),
         *(server_line(s) for s in backend.servers),
     ]
     return "\n".join(lines) + "\n"
@@ -419,7 +485,9 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "tenant_in_flight": tenant_requests(frontend, "sc_conn_cur(0)", "in_flight"),
         "tenant_publish": tenant_publish(frontend),
         "tenant_tables": tenant_tables(frontend),
-        "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
+        "backends": "\n".join(
+            [fair_table_section(), *(backend_section(b, paths.fair_map) for _, b in sorted(desired.backends.items()))]
+        ),
     }
     for name, value in fields.items():
         # A placeholder alone on its line that renders nothing leaves no empty line behind.
@@ -463,4 +531,5 @@ def write_all(paths: Paths, frontend: Frontend, desired: Desired) -> bool:
     write_private(paths.rps_map, map_text(desired.requests_per_second).encode())
     write_private(paths.concurrency_map, map_text(desired.concurrent_requests).encode())
     write_private(paths.budget_map, map_text(desired.budget_spent).encode())
+    write_private(paths.fair_map, map_text(desired.fair_shares).encode())
     return write_private(paths.config, render(paths, frontend, desired).encode())

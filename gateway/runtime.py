@@ -107,6 +107,19 @@ class Runtime:
             counts[(f[proxy], f[server])] = int(f[current] or 0) + int(f[queued] or 0)
         return counts
 
+    def server_limits(self) -> dict[tuple[str, str], int]:
+        """`show stat`: (backend, server) → its maxconn (`slim`), 0 for none."""
+        lines = self.ask("show stat").splitlines()
+        if not lines or not lines[0].startswith("# "):
+            raise RuntimeError_(f"show stat: {lines[:1]}")
+        columns = lines[0][2:].split(",")
+        proxy, server, limit = columns.index("pxname"), columns.index("svname"), columns.index("slim")
+        return {
+            (f[proxy], f[server]): int(f[limit] or 0)
+            for f in (line.split(",") for line in lines[1:])
+            if len(f) >= len(columns) and f[server] not in ("FRONTEND", "BACKEND")
+        }
+
     def map_entries(self, path: Path) -> dict[str, str]:
         entries = {}
         for line in self.ask(f"show map {path}").splitlines():
