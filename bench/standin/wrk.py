@@ -147,7 +147,9 @@ class FixedEngine:
         (d / "paced.lua").write_text(PACED_LUA % (", ".join(map(lua_string, bursts(chunks))), self.pace_ms))
         (d / "engine.cfg").write_text(
             f"global\n    nbthread 1\n    lua-load {d / 'paced.lua'}\n"
-            "defaults\n    mode http\n    timeout client 30s\n    timeout server 30s\n    timeout connect 2s\n"
+            # Sent as soon as written, as engines send (uvicorn and llama-server set TCP_NODELAY).
+            "defaults\n    mode http\n    option http-no-delay\n"
+            "    timeout client 30s\n    timeout server 30s\n    timeout connect 2s\n"
             f"frontend json\n    bind 127.0.0.1:{self.ports['json']}\n"
             f"    http-request return status 200 content-type application/json file {d / 'answer.json'}\n"
             f"frontend sse\n    bind 127.0.0.1:{self.ports['sse']}\n"
