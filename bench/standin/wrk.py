@@ -176,6 +176,12 @@ class FixedEngine:
             self.process.terminate()
             self.process.wait(10)
 
+    @property
+    def pid(self) -> int:
+        if self.process is None:
+            raise RuntimeError("the fixed engine is started by entering its `with`")
+        return self.process.pid
+
 
 SCRIPT = """
 wrk.method = "POST"
