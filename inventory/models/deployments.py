@@ -43,7 +43,11 @@ SERVED_MODEL_VALIDATOR = RegexValidator(
 
 
 def new_engine_secret() -> str:
-    return secrets.token_urlsafe(32)
+    """256 random bits, URL-safe, never starting with "-": an engine that reads its key back as a
+    command-line word (SGLang's --config file) would take such a key for a flag."""
+    while (secret := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return secret
 
 
 # The engine kinds the control plane may place, from their records (agent/enginekinds/): Engine.VLLM, Engine.DEMO...
