@@ -61,3 +61,11 @@ def _badge(value: str) -> str:
     # A badge depends on its state alone, and a table shows a hundred: render each state once.
     state = NodeState(value)
     return render_to_string("partials/state_badge.html", {"state": state, "colour": STATE_COLOURS[state]})
+
+
+@register.filter
+def thousands(value: int | float | None) -> str:
+    """A count with thousands separated (1,234,567), as the docs write them; "—" when unknown."""
+    if value is None:
+        return "—"
+    return f"{value:,.0f}"
