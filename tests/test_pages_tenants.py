@@ -33,13 +33,15 @@ NOW = datetime(2026, 12, 2, 10, 20, 30, tzinfo=UTC)
 HOSTILE = "<script>alert(1)</script>"
 
 # (when, model, replica, requests, prompt, completion): two hours today, one yesterday before
-# midnight UTC (in the last 24 h, not today), one before the last 24 h (in neither).
+# midnight UTC (in the last 24 h, not today), one in the hour that began 24 h ago (the first the
+# tables cover), one in the hour before it (in neither).
 RECORDED = [
     (datetime(2026, 12, 2, 9, 10, tzinfo=UTC), "chat", "chat-r1", 3, 100, 50),
     (datetime(2026, 12, 2, 10, 5, tzinfo=UTC), "chat", "chat-r1", 2, 30, 20),
     (datetime(2026, 12, 2, 10, 6, tzinfo=UTC), "chat", "chat-r2", 1, 7, 8),
     (datetime(2026, 12, 2, 10, 20, 10, tzinfo=UTC), "code", "code-r1", 1, 40, 2),
     (datetime(2026, 12, 1, 23, 59, 50, tzinfo=UTC), "chat", "chat-r1", 5, 500, 400),
+    (datetime(2026, 12, 1, 10, 30, tzinfo=UTC), "chat", "chat-r1", 1, 11, 12),
     (datetime(2026, 12, 1, 9, 59, tzinfo=UTC), "chat", "chat-r1", 9, 900, 900),
 ]
 
@@ -121,8 +123,8 @@ def test_usage_of_the_last_24_hours_by_model_replica_and_hour(viewer_client, acm
             sums[name] += value
         sums["tokens"] += prompt + completion
     assert found == expected
-    # chat-r1: two of today's hours and yesterday's 23:00, summed; the row from 09:59 yesterday left out.
-    assert found[("chat", "chat-r1")] == {"requests": 10, "prompt": 630, "completion": 470, "tokens": 1100}
+    # chat-r1: two of today's hours, yesterday's 23:00 and 10:30, summed; the row from 09:59 yesterday left out.
+    assert found[("chat", "chat-r1")] == {"requests": 11, "prompt": 641, "completion": 482, "tokens": 1123}
     total = re.search(r'<p class="usage-total">(.*?)</p>', html, re.S).group(1)
     assert number(re.search(r'<span class="num">([\d,]+)</span>', total).group(1)) == tokens(window)
 
@@ -137,6 +139,7 @@ def test_usage_of_the_last_24_hours_by_model_replica_and_hour(viewer_client, acm
         "tokens": tokens(ten),
     }
     assert cells(hours["20261201-23"])["tokens"] == 900
+    assert cells(hours["20261201-10"])["tokens"] == 23
     assert cells(hours["20261202-08"])["tokens"] == 0
     # The busiest hour's bar is full.
     assert 'class="fill p100"' in hours["20261201-23"]
