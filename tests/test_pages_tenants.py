@@ -25,6 +25,7 @@ from gateway.models import ApiKey, Tenant
 from inventory.models import Deployment
 from tests.factories import place
 from tests.prometheus import ExpositionServer, PrometheusServer
+from tests.test_security_pages import _tags_only
 
 pytestmark = pytest.mark.django_db
 
@@ -272,6 +273,25 @@ def test_the_cluster_page_and_the_top_bar_link_to_the_tenants(viewer_client, acm
     assert '<a id="link-acme" href="/tenants/acme/"><bdi>acme</bdi></a>' in listed
 
 
+def test_the_list_shows_100_tenants_a_page_and_its_refresh_keeps_the_page(viewer_client, at_now):
+    Tenant.objects.bulk_create(Tenant(name=f"t{i:03d}") for i in range(205))
+    usage.record({("t201", "chat", "r1"): Counted(1, 5, 6)})
+
+    def shown(query: str, **extra) -> list[str]:
+        return re.findall(r'<tr id="tenant-(t\d+)">', viewer_client.get(f"/tenants/{query}", **extra).content.decode())
+
+    assert shown("") == [f"t{i:03d}" for i in range(100)]
+    third = viewer_client.get("/tenants/?page=3").content.decode()
+    assert shown("?page=3") == ["t200", "t201", "t202", "t203", "t204"]
+    assert "205 tenants · page 3 of 3" in third
+    assert 'id="page-prev" href="?page=2"' in third and "page-next" not in third
+    assert 'hx-get="/tenants/?page=3"' in third
+    assert re.search(r'<tr id="tenant-t201">.*?<span class="used">11</span>', third, re.S)
+    assert shown("?page=3", **HTMX) == shown("?page=99") == shown("?page=3")
+    for malformed in ("x", "-2", "0", "²", "1" * 5000):
+        assert shown(f"?page={malformed}")[0] == ("t200" if malformed == "1" * 5000 else "t000"), malformed
+
+
 def _load(name: str, keys: int, models: int) -> None:
     tenant = Tenant.objects.create(name=name, tokens_per_day=10**6, tokens_per_minute=10**4)
     for i in range(keys):
@@ -296,9 +316,9 @@ def test_query_count_does_not_grow_with_keys_models_hours_or_tenants(
             for i in range(others):
                 _load(f"t{i}", keys=2, models=1)
         # Session and user, then the page's own: the tenant, its minute and day, keys, usage by replica and by
-        # hour, the models still served; the list's: tenants with their keys counted, the minute and the day.
-        # The whole page also asks the user's permissions (two) for its link to the admin.
-        expected = (7 if "{}" in path else 3) + (0 if htmx else 2) + 2
+        # hour, the models still served; the list's: the count, a page of tenants with their keys counted, the
+        # minute and the day. The whole page also asks the user's permissions (two) for its link to the admin.
+        expected = (7 if "{}" in path else 4) + (0 if htmx else 2) + 2
         with django_assert_num_queries(expected) as captured:
             answer = viewer_client.get(path.format(name), **(HTMX if htmx else {}))
         assert answer.status_code == 200
@@ -363,3 +383,14 @@ def test_without_prometheus_the_charts_say_why_and_the_page_still_shows_usage(vi
     assert "History is unavailable: Prometheus at http://127.0.0.1:" in charts
     html = viewer_client.get("/tenants/acme/").content.decode()
     assert number(figures(card(html, "day"), "used")) == 257
+
+
+@pytest.mark.parametrize("path", ["/tenants/", "/tenants/acme/"])
+def test_the_tenant_pages_carry_no_inline_script_or_style(viewer_client, acme, path):
+    record("acme", [(NOW, HOSTILE, HOSTILE, 1, 1, 1)])
+    response = viewer_client.get(path)
+    assert response["Content-Security-Policy"] and response["X-Frame-Options"] == "DENY"
+    body = response.content.decode()
+    for tag in re.findall(r"<script[^>]*>", body):
+        assert "src=" in tag, tag
+    assert not re.search(r"\son[a-z]+\s*=|\sstyle\s*=", _tags_only(body)), "an inline handler or style"

@@ -31,6 +31,8 @@ from nodes.views.node import chosen_range
 
 # The usage tables cover this much: the hourly rows from the hour that began 24 h ago to now.
 WINDOW = timedelta(hours=24)
+# Tenants a page of the list shows; a row costs about as much as one of the cluster table's.
+PAGE_SIZE = 100
 
 
 @dataclass(frozen=True)
@@ -148,15 +150,22 @@ def _tenant(name: str) -> Tenant | None:
 @require_GET
 @login_required
 def tenants(request):
-    """Every tenant: state, keys usable of all, limits, tokens today and this minute against the budgets."""
+    """Every tenant, 100 a page: state, keys usable of all, limits, tokens today and this minute against the budgets."""
     now = timezone.now()
+    count = Tenant.objects.count()
+    pages = max(1, -(-count // PAGE_SIZE))
+    # Anything malformed is the first page, and a page past the end the last, as on the cluster page.
+    asked = request.GET.get("page", "")
+    page = min(max(int(asked[:9]), 1), pages) if asked.isascii() and asked.isdigit() else 1
     usable = Q(keys__revoked_at__isnull=True) & (Q(keys__expires_at__isnull=True) | Q(keys__expires_at__gt=now))
     found = list(
-        Tenant.objects.annotate(keys_total=Count("keys"), keys_usable=Count("keys", filter=usable)).order_by("name")
+        Tenant.objects.annotate(keys_total=Count("keys"), keys_usable=Count("keys", filter=usable)).order_by("name")[
+            (page - 1) * PAGE_SIZE : page * PAGE_SIZE
+        ]
     )
     tokens = budgets.used([tenant.name for tenant in found], now)
     rows = [{"tenant": tenant, **standing(tenant, *tokens.get(tenant.name, (0, 0)))} for tenant in found]
-    context = {"rows": rows}
+    context = {"rows": rows, "count": count, "page": page, "pages": pages}
     template = "nodes/tenants.html#live" if request.htmx else "nodes/tenants.html"
     return render(request, template, context)
 
