@@ -247,7 +247,8 @@ def shoot(base: str, user: str, password: str, node: str, tenant: str = DEMO_TEN
         dark.wait_for_timeout(500)
         dark.screenshot(path=str(OUT / "node-dark.png"))
         saved = ["cluster.png", "node.png", "cluster-phone.png", "node-phone.png", "node-dark.png"]
-        if page.goto(f"{base}/tenants/{tenant}/").ok:
+        answer = page.goto(f"{base}/tenants/{tenant}/")
+        if answer is not None and answer.ok:
             page.locator("#tenant-charts .chart, #tenant-charts .history-unavailable").first.wait_for(timeout=15_000)
             page.screenshot(path=str(OUT / "tenant.png"), full_page=False)
             saved.append("tenant.png")
