@@ -1,4 +1,5 @@
-"""The stand-in engine under bench.routing and bench.gateway, the real gateway bench.gateway runs, their quick runs."""
+"""The stand-in engine under bench.routing and bench.gateway, the real gateway bench.gateway runs, their quick runs
+(and bench.fairness's)."""
 
 from __future__ import annotations
 
@@ -226,7 +227,7 @@ def test_the_benchmarked_gateway_is_programmed_by_the_sync_checks_keys_and_adds_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["bench.routing", "bench.gateway"])
+@pytest.mark.parametrize("module", ["bench.routing", "bench.gateway", "bench.fairness"])
 def test_the_benchmark_runs_to_the_end_in_its_quick_mode(module):
     done = subprocess.run(
         [sys.executable, "-m", module, "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=180

@@ -100,6 +100,14 @@ class Deployment(models.Model):
         help_text="Send requests that start alike to the same replica, within a bound on its load, "
         "so an engine that caches prompts reuses them (docs/gateway.md).",
     )
+    max_in_flight_per_replica = models.PositiveIntegerField(
+        "max in flight per replica",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(100_000)],
+        help_text="Requests each gateway sends one replica at once (its slots, say); beyond it the gateway queues "
+        "them and serves tenants under their fair share first (docs/gateway.md). Empty: no limit.",
+    )
     model_source = models.CharField(
         max_length=1024,
         help_text="A path on the nodes (starting with /), or an id the engine resolves itself.",
