@@ -69,3 +69,36 @@ def in_flight_per_replica() -> Answer:
     """Requests in flight per replica at the gateways, summed over them, at most promengines.MAX_AGE old."""
     base = settings.PROMETHEUS_URL
     return promengines.cache.get((base, "in_flight"), lambda: promengines.fetch(IN_FLIGHT_QUERY, "replica", base))
+
+
+def tenant_charts(tenant: str, tokens_per_minute: int | None) -> list[promquery.ChartSpec]:
+    """A tenant's charts, from the counters each gateway's sync exports (gateway/metrics.py), summed over gateways.
+
+    Tokens per minute is drawn with the tenant's budget beside it when it has one; a rate over
+    the last minute, so it approximates the UTC minute the budget counts.
+    """
+    who = f"tenant={promquery.promql_string(tenant)}"
+    prompt = f"rate(llmgw_gateway_prompt_tokens_total{{{who}}}[1m])"
+    completion = f"rate(llmgw_gateway_completion_tokens_total{{{who}}}[1m])"
+    per_minute = f'label_replace(sum({prompt} + {completion}) * 60, "line", "tokens/min", "", "")'
+    if tokens_per_minute is not None:
+        per_minute += f' or label_replace(vector({tokens_per_minute}), "line", "budget", "", "")'
+    return [
+        ChartSpec("tokens", "Tokens/s by model", "tokens/s", f"sum by (model) ({prompt} + {completion})", "model"),
+        ChartSpec(
+            "kinds",
+            "Prompt and completion tokens/s",
+            "tokens/s",
+            f'label_replace(sum({prompt}), "kind", "prompt", "", "")'
+            f' or label_replace(sum({completion}), "kind", "completion", "", "")',
+            "kind",
+        ),
+        ChartSpec("per_minute", "Tokens per minute, and the budget", "tokens/min", per_minute, "line"),
+        ChartSpec(
+            "requests",
+            "Requests/s by model (answers whose usage was counted)",
+            "per second",
+            f"sum by (model) (rate(llmgw_gateway_requests_total{{{who}}}[1m]))",
+            "model",
+        ),
+    ]
