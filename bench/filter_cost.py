@@ -137,8 +137,8 @@ def main(argv: list[str] | None = None) -> None:
             )
             rows.append(
                 {
-                    "name": f"instructions_added_per_chunk_by_{side}",
-                    "value": round((per_stream[side] - per_stream["off"]) / args.chunks),
+                    "name": f"instructions_added_per_stream_by_{side}",
+                    "value": round(per_stream[side] - per_stream["off"]),
                     "unit": "",
                     "target": None,
                     "better": "lower",

@@ -10,8 +10,8 @@
 -- What a request costs here is mostly HAProxy's, not this file's: each callback builds a `txn`
 -- object of a dozen tables, and a filter has at least three callbacks per request (`new`, then
 -- `http_headers` on each message: 2.6 calls it for both when it is defined, as it does
--- `start_analyze`, and only such a callback can register for the answer's data), plus one
--- `http_payload` per piece of the answer until its usage is found. Measured with callgrind (docs/gateway.md, "What it costs"); what is left to
+-- `start_analyze`, and only such a callback can register for the answer's data), plus, when the
+-- usage did not come with the answer's headers, one `http_payload` per piece until it has. Measured with callgrind (docs/gateway.md, "What it costs"); what is left to
 -- this file is kept to plain string searches and no work on a request's way in.
 
 local find, match, sub, byte, concat = string.find, string.match, string.sub, string.byte, table.concat
@@ -78,18 +78,6 @@ function Usage:new()
     return setmetatable({ arrived = now() }, Usage)
 end
 
--- On each message's headers (2.6 calls it for the request's too): an answer's are where its data is
--- registered for, and where a stream is told apart (its headers are gone by its first data).
-function Usage:http_headers(txn, msg)
-    if msg == txn.http_res then
-        local content_type = txn.f:res_fhdr("content-type")
-        if content_type == nil or not find(content_type, "text/event-stream", 1, true) then
-            self.arrived = nil -- not a stream: not timed
-        end
-        filter.register_data_filter(self, msg.channel)
-    end
-end
-
 -- "model server" of the answer, looked up once.
 local function where(self, txn)
     local key = self.where
@@ -130,6 +118,37 @@ local function add(self, txn, prompt, completion)
     total[1] = total[1] + 1
     total[2] = total[2] + prompt
     total[3] = total[3] + completion
+end
+
+-- On each message's headers (2.6 calls it for the request's too). An answer's are where a stream is told
+-- apart (its headers are gone by its first data), and where a whole answer that came with them (most
+-- do: a few hundred bytes) is read and counted at once, so that it costs no `http_payload` call; the
+-- answer's data is registered for only when its usage is not there yet.
+function Usage:http_headers(txn, msg)
+    if msg ~= txn.http_res then
+        return
+    end
+    local fetch = txn.f
+    local content_type = fetch:res_fhdr("content-type")
+    local stream = content_type ~= nil and find(content_type, "text/event-stream", 1, true)
+    if not stream then
+        self.arrived = nil -- not timed
+    end
+    local body = fetch:res_body() -- what came with the headers
+    if body ~= nil and body ~= "" then
+        local arrived = self.arrived
+        if arrived then
+            self.arrived = nil
+            first_token(self, txn, arrived)
+        end
+        local prompt, completion = usage_in(body)
+        if prompt then
+            add(self, txn, prompt, completion)
+            return
+        end
+    end
+    -- The data filter sees the answer from its first byte, what was read here included.
+    filter.register_data_filter(self, msg.channel)
 end
 
 -- An answer has one `usage`: counted as soon as it is whole, then the rest of the answer passes

@@ -159,7 +159,8 @@ def test_a_streams_time_to_first_token_lands_in_its_bucket_and_whole_answers_are
 
 class CutUsage(BaseHTTPRequestHandler):
     """An engine whose stream carries `"usage": null` in every event, and its real usage cut in three pieces,
-    each sent apart from the next (HAProxy forwards each as it comes: the filter sees three)."""
+    each sent apart from the next (HAProxy forwards each as it comes: the filter sees three); its whole
+    answers come in two pieces, the usage in the second."""
 
     protocol_version = "HTTP/1.1"
     PIECES = (
@@ -167,14 +168,15 @@ class CutUsage(BaseHTTPRequestHandler):
         b'age": {"prompt_tokens": 7, "compl',
         b'etion_tokens": 9, "total_tokens": 16}}\n\ndata: [DONE]\n\n',
     )
+    WHOLE = (b'{"choices":[{"text":"a"}],', b'"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}')
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["Content-Length"]))
+        stream = b'"stream": true' in self.rfile.read(int(self.headers["Content-Length"]))
         self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
-        for piece in self.PIECES:
+        for piece in self.PIECES if stream else self.WHOLE:
             self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
             self.wfile.flush()
             time.sleep(0.1)
@@ -184,7 +186,7 @@ class CutUsage(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_usage_cut_between_pieces_of_a_stream_is_counted_once_whole(gateway, db):
+def test_a_usage_cut_between_pieces_of_an_answer_is_counted_once_whole(gateway, db):
     replica = serve("gw-1", 0)
     server = ThreadingHTTPServer(("127.0.0.1", free_port()), CutUsage)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -195,8 +197,10 @@ def test_a_usage_cut_between_pieces_of_a_stream_is_counted_once_whole(gateway, d
         for _ in range(2):
             answer = gateway.post("/v1/completions", {"model": "chat", "prompt": "x", "stream": True}, key)
             assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
+        whole = gateway.post("/v1/completions", {"model": "chat", "prompt": "x"}, key)
+        assert whole.json()["usage"]["completion_tokens"] == 9
         gateway.sync.run_once()
-        assert totals(tenant="acme") == Counted(2, 14, 18)
+        assert totals(tenant="acme") == Counted(3, 21, 27)
     finally:
         server.shutdown()
         server.server_close()
