@@ -136,6 +136,7 @@ def test_a_streams_time_to_first_token_lands_in_its_bucket_and_whole_answers_are
                 time.sleep(1.2)
             answer = client.post(gateway.url("/v1/completions"), json=body, headers=headers, timeout=10)
             assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
+        engine_sum = slow.gauge("vllm:time_to_first_token_seconds_sum")
         whole = client.post(gateway.url("/v1/completions"), json={**body, "stream": False}, headers=headers)
         assert whole.status_code == 200
         gateway.sync.run_once()
@@ -145,10 +146,10 @@ def test_a_streams_time_to_first_token_lands_in_its_bucket_and_whole_answers_are
         assert seen["count"] == 3
         assert seen["0.25"] == 0
         assert seen["1.0"] == 3 and seen["+Inf"] == 3
-        # What the client saw holds what the engine measured from its own arrival (and the whole answer's too).
+        # The gateway's time holds the engine's own, from its arrival to its first write, for the same streams.
         assert slow.gauge("vllm:time_to_first_token_seconds_count") == 4
         assert 0.9 <= seen["sum"] < 3.0
-        assert seen["sum"] >= slow.gauge("vllm:time_to_first_token_seconds_sum") * 3 / 4 - 0.05
+        assert seen["sum"] >= engine_sum - 0.001
         promtool_clean(exported)
         # Taken once: the next pass adds nothing.
         gateway.sync.run_once()
