@@ -120,8 +120,9 @@ class Sync:
     def _collect_usage(self, done: Pass) -> None:
         try:
             taken = counted.take(self.runtime)
-            self.metrics.taken(taken)
-            for key, amounts in taken.items():
+            self.metrics.taken(taken.usage)
+            self.metrics.first_tokens.add(taken.first_tokens)
+            for key, amounts in taken.usage.items():
                 self.unrecorded.setdefault(key, counted.Counted()).add(amounts)
         except RuntimeError_ as exc:
             done.errors.append(f"usage not taken: {exc}")

@@ -2,8 +2,8 @@
 
 The series are recorded by deploy/rules/gateway.rules.yml from HAProxy's exporter (requests,
 5xx, requests in flight, per backend = served model and server = replica) and from the
-engines' histograms (time to first token; llama-server exports none), and by
-deploy/rules/engines.rules.yml (tokens per second). docs/gateway.md, "Observing the gateway".
+gateways' own histogram of streams' time to first token (every engine's, llama.cpp's too), and
+by deploy/rules/engines.rules.yml (tokens per second). docs/gateway.md, "Observing the gateway".
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ IN_FLIGHT_QUERY = "sum by (replica) (llmgw:gateway_replica_requests_in_flight)"
 
 
 def model_charts(served_model: str) -> list[promquery.ChartSpec]:
-    """The model page's charts: each by replica, but time to first token, for the model as a whole."""
+    """The model page's charts: each by replica, and time to first token for the model as a whole too."""
     model = f"served_model={promquery.promql_string(served_model)}"
     return [
         ChartSpec(
@@ -47,6 +47,13 @@ def model_charts(served_model: str) -> list[promquery.ChartSpec]:
             f'label_replace(llmgw:model_ttft_seconds:p50{{{model}}}, "quantile", "p50", "", "")'
             f' or label_replace(llmgw:model_ttft_seconds:p99{{{model}}}, "quantile", "p99", "", "")',
             "quantile",
+        ),
+        ChartSpec(
+            "ttft_replica",
+            "Time to first token p99 by replica",
+            "seconds",
+            f"sum by (replica) (llmgw:replica_ttft_seconds:p99{{{model}}})",
+            "replica",
         ),
         ChartSpec(
             "tokens",
