@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         {"name": "rss_end_kib", "value": rss_end, "unit": "KiB", "target": None, "better": "lower"},
         {
             "name": "rss_max_kib",
-            "value": max(rss_samples + [rss_end]),
+            "value": max([*rss_samples, rss_end]),
             "unit": "KiB",
             "target": None,
             "better": "lower",
