@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from agent.enginekinds.record import EngineKind, Install, Installer, Launch, Names, Signal, Source, Template, serving
+from agent.enginekinds.record import (
+    ASKED_ONLY,
+    EngineKind,
+    Install,
+    Installer,
+    Launch,
+    Names,
+    Signal,
+    Source,
+    StreamUsage,
+    Template,
+    UsageInStreams,
+    serving,
+)
 
 
 def _launch_server(launch: Launch) -> list[str]:
@@ -32,4 +45,9 @@ KIND = EngineKind(
         ),
     ),
     install=Install(Installer.PIP_VENV, pinned="0.5.3", default_variant="cuda", package="sglang"),
+    # The flag came in 0.5.10 (server_args.py); before, a stream reports usage only when asked.
+    stream_usage=(
+        ASKED_ONLY,
+        UsageInStreams("0.5.10", StreamUsage.FLAG, ("--stream-response-default-include-usage",)),
+    ),
 )
