@@ -35,11 +35,18 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
 
 class Engine:
     def __init__(
-        self, model: str, cpu_ms_per_token: float, kib_per_token: int, max_running: int, ms_between_tokens: float = 0
+        self,
+        model: str,
+        cpu_ms_per_token: float,
+        kib_per_token: int,
+        max_running: int,
+        ms_between_tokens: float = 0,
+        ms_to_first_token: float = 0,
     ):
         self.model = model
         self.cpu_seconds_per_token = cpu_ms_per_token / 1000
         self.seconds_between_tokens = ms_between_tokens / 1000
+        self.seconds_to_first_token = ms_to_first_token / 1000
         self.bytes_per_token = kib_per_token * 1024
         self.slots = threading.Semaphore(max_running)
         self.lock = threading.Lock()
@@ -108,6 +115,9 @@ class Engine:
         for i in range(0, len(cache), 4096):
             cache[i] = 1
         digest = hashlib.sha256(prompt.encode()).digest()
+        if self.seconds_to_first_token:
+            # A prompt's prefill without the CPU it would burn: a known time to first token.
+            time.sleep(self.seconds_to_first_token)
         for i in range(max_tokens):
             if i and self.seconds_between_tokens:
                 # A slow model without the CPU it would burn: streams that last, for drains and failovers.
@@ -313,9 +323,15 @@ def main(argv: list[str] | None = None) -> None:
         default=False,
         help="end every stream with its usage, asked or not (vLLM's flag)",
     )
+    parser.add_argument("--ms-to-first-token", type=float, default=0, help="wall-clock pause before the first token")
     args = parser.parse_args(argv)
     Handler.engine = Engine(
-        args.model, args.cpu_ms_per_token, args.kib_per_token, args.max_running, args.ms_between_tokens
+        args.model,
+        args.cpu_ms_per_token,
+        args.kib_per_token,
+        args.max_running,
+        args.ms_between_tokens,
+        args.ms_to_first_token,
     )
     Handler.api_key = os.environ.get("LLMGW_ENGINE_API_KEY", "")
     Handler.force_include_usage = args.enable_force_include_usage

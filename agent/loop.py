@@ -76,6 +76,7 @@ class Agent:
             grace=tuning.grace,
             record_file=self.state_dir / "groups.json",
             cgroups=self.cgroups,
+            key_dir=self.state_dir / "keys",
         )
         self.client = ControlPlane(
             config.control_plane, tuning.connect_timeout, tuning.read_timeout, session, ca_file=config.ca_file

@@ -64,8 +64,11 @@ class Runner:
         clock: Callable[[], float] = time.monotonic,
         record_file: Path | None = None,
         cgroups: cgroups.Cgroups | None = None,
+        key_dir: Path | None = None,
     ):
         self.log_dir = Path(log_dir)
+        # Where an engine that reads its API key from a file (`EngineKind.api_key_file`) finds it.
+        self.key_dir = Path(key_dir) if key_dir is not None else self.log_dir.parent / "keys"
         # Where each engine gets a cgroup of its own; None runs engines where the agent runs.
         self.cgroups = cgroups
         # Where live groups are recorded for the next agent (agent/leftovers.py); None records nothing.
@@ -195,10 +198,11 @@ class Runner:
         spec = shard.spec
         shard.kill_at, shard.detail = None, ""
         env = {**self.env, **spec.env}
-        if spec.engine in enginekinds.BY_NAME:
-            env = enginekinds.get(spec.engine).environment(env)
+        kind = enginekinds.BY_NAME.get(spec.engine)
+        if kind is not None:
+            env = kind.environment(env)
         try:
-            command = self._command(shard, env)
+            command = self._command(shard, self._keyed(shard, kind, env), env)
             logfile = self._logfile(spec.shard)
             with logfile:
                 shard.process = subprocess.Popen(
@@ -220,10 +224,35 @@ class Runner:
         shard.state = "restarting" if restarting else "starting"
         shard.started_at = self.clock()
         shard.leader_start = leftovers.start_time(shard.process.pid)
-        log.info("shard %s: started pid %d: %s", spec.shard, shard.process.pid, " ".join(spec.command))
+        log.info("shard %s: started pid %d: %s", spec.shard, shard.process.pid, " ".join(command))
 
-    def _command(self, shard: Shard, env: dict[str, str]) -> list[str]:
-        command = list(shard.spec.command)
+    def _keyed(self, shard: Shard, kind: enginekinds.EngineKind | None, env: dict[str, str]) -> list[str]:
+        """The shard's command, naming the file its API key is in when its engine reads it from one.
+
+        Written afresh at every start (the deployment's secret may have changed), readable by
+        the agent's user only, who runs the engine; ValueError when it cannot be done.
+        """
+        if kind is None or kind.api_key_file is None:
+            return list(shard.spec.command)
+        text = kind.key_file_text(env)
+        if not text:
+            self._forget_key(shard)
+            return list(shard.spec.command)
+        self.key_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self._key_file(shard.spec.shard, kind)
+        write_private(path, text)
+        return kind.with_key_file(shard.spec.command, str(path))
+
+    def _key_file(self, shard_id: str, kind: enginekinds.EngineKind) -> Path:
+        suffix = kind.api_key_file.suffix if kind.api_key_file is not None else ""
+        return self.key_dir / f"{shard_id}{suffix}"
+
+    def _forget_key(self, shard: Shard) -> None:
+        kind = enginekinds.BY_NAME.get(shard.spec.engine)
+        if kind is not None and kind.api_key_file is not None:
+            self._key_file(shard.spec.shard, kind).unlink(missing_ok=True)
+
+    def _command(self, shard: Shard, command: list[str], env: dict[str, str]) -> list[str]:
         if self.cgroups is None:
             return command
         # Behind the shell that enters the cgroup, a missing binary would only show as exit code 127;
@@ -273,6 +302,7 @@ class Runner:
         shard.kill_at = None
         if shard.remove:
             self._release(shard)
+            self._forget_key(shard)
             del self.shards[shard_id]
             log.info("shard %s: stopped and removed", shard_id)
         elif shard.then is not None:
@@ -308,6 +338,18 @@ class Runner:
         except FileNotFoundError:
             pass
         return open(path, "ab")
+
+
+def write_private(path: Path, text: str) -> None:
+    """`text` in a file only the agent's user may read, from the first byte on (as lib/private_files.py,
+    which the agent's wheel does not hold): created 0600, an old one narrowed before it is
+    written, never through a link planted where the secret goes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, 0o600)
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def _ready(shard: Shard) -> bool:

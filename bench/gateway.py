@@ -1,36 +1,37 @@
 """What the gateway costs a request: added latency and time to first token, a core's rate, memory at 1,000 streams.
 
-    python -m bench.gateway [--rounds 5] [--requests 1500] [--no-litellm] [--quick]
+    python -m bench.gateway [--rounds 5] [--requests 1500] [--wrk-seconds 2] [--no-litellm] [--no-wrk] [--quick]
 
-One client (bench/standin/client.py) calls stand-in engines by each route below, in
-turns within each round so that a busy moment of the shared machine hits all alike:
+Each route below is called in turns within each round, so that a busy moment of the
+shared machine hits all alike:
 
 - direct: the engine itself, with its replica secret;
 - gateway: the gateway as production runs it (bench/standin/real_gateway.py): deploy/gateway.cfg
   rendered by gateway/haproxy_config.py (`nbthread 1`; a tenant's key checked as a SHA-256
-  digest in a map of 1,000 keys; the backend chosen from the body's `model` through a map of
-  three models; the 400/404/413 rules; leastconn; `retry-on conn-failure empty-response 503`
+  digest in a map of 1,000 keys; the backend chosen from the body's `model` through the
+  models map; the 400/404/413 rules; leastconn; `retry-on conn-failure empty-response 503`
   with `option redispatch`; `option http-no-delay`; the engine secret put on the way out),
   HAProxy started as devstack starts it (glibc's allocator fixed), its servers added by the
   gateway's sync; `--max-body` at its default, 256 KiB (a 272 KiB buffer);
-- gateway-16k: the same with `--max-body 16384` (a 32 KiB buffer): what a smaller limit saves;
+- gateway-16k: the same with `--max-body 16384` (a 32 KiB buffer): what a smaller limit saves
+  (the Python client's phases only);
 - litellm: LiteLLM's proxy (`litellm[proxy]==1.108.7`, its own venv in var/, installed
-  on the first run) with its master key, serving the same three models.
+  on the first run) with its master key, serving the same models.
 
-The three models are three stand-in engines: `instant` answers at once (so what is
-measured is what sits in front of it), `streaming` sends a token every 20 ms, `paced`
-spends 50 ms on the prompt and then sends 20 tokens a second. Measured:
+Two clients, two kinds of engine:
 
-1. added latency at 1 stream (`instant`): a streamed chat completion of 8 tokens,
-   request to `[DONE]` and to the first token, and the same answer not streamed; each
-   route's p50 and p99 less the direct path's (targets: the gateway's p50 ≤ 200 µs, and
-   LiteLLM's at least 50 times the gateway's);
-2. added latency at 64 concurrent streams (`streaming`: 8 tokens, one every 20 ms);
-3. time to first token, streaming, from `paced`, where a proxy holding small writes back shows;
-4. requests one gateway core carries a second: requests over HAProxy's CPU seconds
-   (schedstat, all threads) with 64 streams at once against `instant`, streamed and not;
-5. HAProxy's resident memory with 1,000 streams open through it (a token a second
-   each), at each body limit in MEMORY_BODIES (the buffer is the limit and 16 KiB).
+1. the Python client (bench/standin/client.py) against stand-in engines (`instant`
+   answers at once, `paced` spends 50 ms on the prompt and then sends 20 tokens a second):
+   added latency at 1 stream (a streamed chat completion of 8 tokens, request to
+   `[DONE]` and to the first token, and the same answer not streamed), time to first
+   token from `paced`, the requests one gateway core carries (requests over HAProxy's CPU
+   seconds with 64 at once against `instant`), HAProxy's memory with 1,000 streams open;
+2. `wrk` (C, one thread; bench/standin/wrk.py) against an engine that costs almost nothing
+   (HAProxy answering from memory: a chat completion, the same as SSE chunks, or that
+   stream paced over 50 ms), at 1 and 64 connections: each round's p50 and p99 less the
+   direct run's just before it, the median over the rounds (targets: the gateway's added
+   p50 ≤ 200 µs, LiteLLM's at least 50 times the gateway's), with the proxy's CPU and its
+   wait for a CPU (schedstat) a request. Without `wrk` on PATH these are left out.
 """
 
 from __future__ import annotations
@@ -39,16 +40,21 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
+import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import psutil
 
 from bench.agent_cost import cpu_ns, write_results
-from bench.standin import client, litellm
+from bench.standin import client, litellm, wrk
 from bench.standin.engine import Pace
 from bench.standin.fleet import Fleet
+from bench.standin.proxy import Server as StandinServer
 from bench.standin.real_gateway import RealGateway, desired
 from gateway.haproxy_config import HEADER_ROOM, MAX_BODY
 
@@ -58,9 +64,6 @@ MASTER_KEY = "sk-bench-master-key"
 OTHER_TENANTS = 999
 PACES = {
     "instant": Pace(slots=4096, decode_tps=0, prefill_tps=0, cache_tokens=0),
-    # 64 streams at once, a token every 20 ms each: the machine is not saturated, so what the
-    # gateway adds to each stream is seen, not the CPU it takes from the client and the engine.
-    "streaming": Pace(slots=4096, decode_tps=50, prefill_tps=0, cache_tokens=0),
     # 200 prompt tokens at 4,000 a second: the first token after 50 ms.
     "paced": Pace(slots=4096, decode_tps=20, prefill_tps=4000, cache_tokens=0),
 }
@@ -74,6 +77,16 @@ GATEWAYS = ("gateway", SMALL)
 MEMORY_BODIES = (MAX_BODY, 65536, SMALL_BODY)
 QUESTION = [{"role": "user", "content": " ".join(["Name three colours."] * 50)}]
 TOKENS = 8
+# The fixed engine's models (bench/standin/wrk.py), one per way it answers; wrk's phases:
+# (name, the engine's answer, connections, streamed).
+FIXED = {"json": "fixed-json", "sse": "fixed-sse", "paced": "fixed-paced"}
+WRK_PHASES = (
+    ("wrk 1 whole", "json", 1, False),
+    ("wrk 1 stream", "sse", 1, True),
+    ("wrk 64 whole", "json", 64, False),
+    ("wrk 64 stream", "sse", 64, True),
+    ("wrk 64 paced", "paced", 64, True),
+)
 
 
 class Route:
@@ -190,10 +203,80 @@ async def open_streams(port: int, streams: int, pid: int) -> tuple[int, int, int
     return idle, held, opened
 
 
-def gateway(fleets: dict[str, Fleet], max_body: int = MAX_BODY) -> RealGateway:
+def gateway(fleets: dict[str, Fleet], max_body: int = MAX_BODY, fixed: dict[str, int] | None = None) -> RealGateway:
+    """The real gateway in front of the stand-in fleets and of the fixed engine's ports (a model each)."""
     keys = {"bench": TENANT_KEY, **{f"tenant-{i}": f"key-{i}" for i in range(OTHER_TENANTS)}}
     models = {model: fleet.servers() for model, fleet in fleets.items()}
+    models |= {model: [StandinServer("r1", port)] for model, port in (fixed or {}).items()}
     return RealGateway(desired(models, REPLICA_SECRET, keys), max_body)
+
+
+def schedstat_tree(pid: int | None) -> tuple[int, int]:
+    """CPU ns and ns spent runnable but waiting for a CPU, of a process's threads and its children's."""
+    if pid is None:
+        return 0, 0
+    try:
+        pids = [pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))]
+    except psutil.NoSuchProcess:
+        return 0, 0
+    cpu = wait = 0
+    for one in pids:
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{one}/task"):
+                with contextlib.suppress(OSError, ValueError, IndexError):
+                    fields = Path(f"/proc/{one}/task/{task}/schedstat").read_text().split()
+                    cpu, wait = cpu + int(fields[0]), wait + int(fields[1])
+    return cpu, wait
+
+
+def wrk_phases(routes: dict[str, tuple[int | dict[str, int], str, int | None]], args) -> dict:
+    """Each wrk phase, the routes in turns within each round: {phase: {route: [one run's figures a round]}}.
+
+    `routes` maps a route to its port (one for every model, or one per model), its bearer
+    token and the pid of its proxy (None: direct), whose CPU and wait for a CPU each run records.
+    """
+    found: dict = {}
+    scripts = Path(tempfile.mkdtemp(prefix="bench-wrk-"))
+    for phase, answer, connections, stream in WRK_PHASES:
+        model = FIXED[answer]
+        lua = {
+            name: wrk.script(scripts, f"{name}-{answer}", wrk.chat_body(model, stream), key)
+            for name, (_, key, _) in routes.items()
+        }
+
+        def port(name: str, answer: str = answer) -> int:
+            where = routes[name][0]
+            return where[answer] if isinstance(where, dict) else where
+
+        print(f"  {phase} ({model}, {connections} connection{'s' if connections > 1 else ''})…", flush=True)
+        for name in routes:  # warm: connections opened, the proxies' pools filled
+            wrk.run(port(name), lua[name], connections, 1)
+            settle(routes[name][2])
+        found[phase] = {name: [] for name in routes}
+        for round_ in range(args.rounds):
+            for name in routes:
+                # LiteLLM answers tens of requests a second here: one longer run, in the first round.
+                if name == "litellm" and round_:
+                    continue
+                seconds = args.litellm_seconds if name == "litellm" else args.wrk_seconds
+                cpu, wait = schedstat_tree(routes[name][2])
+                run = wrk.run(port(name), lua[name], connections, seconds, 30 if name == "litellm" else 10)
+                after = schedstat_tree(routes[name][2])
+                run["cpu_ns"], run["wait_ns"] = after[0] - cpu, after[1] - wait
+                found[phase][name].append(run)
+                settle(routes[name][2])
+    return found
+
+
+def settle(pid: int | None, seconds: float = 10.0) -> None:
+    """Until a proxy is idle (under 5 % of a core over 100 ms): LiteLLM goes on with the requests
+    wrk left in flight, which would otherwise fall on the next path's run."""
+    deadline = time.monotonic() + seconds
+    while pid is not None and time.monotonic() < deadline:
+        before = schedstat_tree(pid)[0]
+        time.sleep(0.1)
+        if schedstat_tree(pid)[0] - before < 5_000_000:
+            return
 
 
 async def measure(args) -> dict:
@@ -207,7 +290,11 @@ async def measure(args) -> dict:
             for model, pace in PACES.items()
         }
         ports = {model: fleet.ports[0] for model, fleet in fleets.items()}
-        proxy = stack.enter_context(gateway(fleets))
+        fixed = None
+        if args.wrk:
+            engine = stack.enter_context(wrk.FixedEngine(FIXED["json"]))
+            fixed = {FIXED[answer]: port for answer, port in engine.ports.items()}
+        proxy = stack.enter_context(gateway(fleets, fixed=fixed))
         small = stack.enter_context(gateway(fleets, SMALL_BODY))
         routes = [
             Route("direct", ports, REPLICA_SECRET),
@@ -215,7 +302,7 @@ async def measure(args) -> dict:
             Route(SMALL, dict.fromkeys(ports, small.port), TENANT_KEY, small.pid),
         ]
         if use_litellm:
-            upstreams = {model: f"http://127.0.0.1:{port}/v1" for model, port in ports.items()}
+            upstreams = {model: f"http://127.0.0.1:{port}/v1" for model, port in {**ports, **(fixed or {})}.items()}
             print("  starting LiteLLM's proxy…", flush=True)
             peer = stack.enter_context(litellm.LiteLLM(upstreams, REPLICA_SECRET, MASTER_KEY))
             routes.append(Route("litellm", dict.fromkeys(ports, peer.port), MASTER_KEY, peer.pid))
@@ -223,8 +310,16 @@ async def measure(args) -> dict:
         print("  1 stream at a time…", flush=True)
         results["1 stream"] = await in_turns(routes, "instant", True, 1, one, args.rounds)
         results["1 whole"] = await in_turns(routes, "instant", False, 1, one, args.rounds)
-        print("  64 streams at a time…", flush=True)
-        results["64 streams"] = await in_turns(routes, "streaming", True, 64, many, args.rounds)
+        if args.wrk:
+            by_wrk: dict[str, tuple[int | dict[str, int], str, int | None]] = {
+                "direct": (engine.ports, REPLICA_SECRET, engine.pid),
+                "gateway": (proxy.port, TENANT_KEY, proxy.pid),
+            }
+            if use_litellm:
+                by_wrk["litellm"] = (peer.port, MASTER_KEY, peer.pid)
+            results["load_before_wrk"] = os.getloadavg()
+            results["wrk"] = wrk_phases(by_wrk, args)
+            results["load_after_wrk"] = os.getloadavg()
         print("  time to first token…", flush=True)
         results["ttft"] = await first_tokens(routes, args.ttft_requests)
         if use_litellm:
@@ -243,7 +338,7 @@ async def measure(args) -> dict:
     return results
 
 
-PHASES = ("1 stream", "1 whole", "64 streams")
+PHASES = ("1 stream", "1 whole")
 
 
 def report(results: dict, args) -> list[dict]:
@@ -299,6 +394,8 @@ def report(results: dict, args) -> list[dict]:
             else:
                 # No ratio to a difference lost in the noise: the gateway added nothing measurable at p50.
                 print(f"| {phase} | LiteLLM's added p50 ÷ the gateway's | none: the gateway's is ≤ 0 |")
+    if "wrk" in results:
+        report_wrk(results, args, add, missed)
     print("\n| time to first token, `paced` | requests | p50 | p99 | added p50 |")
     print("| --- | ---: | ---: | ---: | ---: |")
     ttft = results["ttft"]
@@ -341,6 +438,67 @@ def report(results: dict, args) -> list[dict]:
     return rows
 
 
+def report_wrk(results: dict, args, add: Callable, missed: list[str]) -> None:
+    """wrk's phases: each path's median over the rounds, and the median of each round's difference to direct."""
+    before, after = results["load_before_wrk"], results["load_after_wrk"]
+    print(
+        f"\nwrk (one C thread) against the fixed engine (HAProxy answering from memory), {args.rounds} rounds of "
+        f"{args.wrk_seconds} s a path (LiteLLM: one run of {args.litellm_seconds} s, in the first round), "
+        "medians over the rounds; "
+        f"load average {before[0]:.1f} before, {after[0]:.1f} after"
+    )
+    print(
+        "\n| phase | path | requests | errors | requests/s | p50 | p99 | added p50 | added p99 "
+        "| CPU a request (the proxy's; direct: the engine's) | its wait for a CPU a request |"
+    )
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for phase, by_route in results["wrk"].items():
+        direct = by_route["direct"]
+        slug = phase.replace(" ", "_")
+        added: dict[str, float] = {}
+        for name, runs in by_route.items():
+            requests, errors = sum(r["requests"] for r in runs), sum(r["errors"] for r in runs)
+            p50, p99 = (statistics.median(r[q] for r in runs) for q in ("p50", "p99"))
+            rate = statistics.median(r["rate"] for r in runs)
+            add(f"{name}_{slug}_p50", p50, "µs")
+            add(f"{name}_{slug}_p99", p99, "µs")
+            add(f"{name}_{slug}_requests_per_second", rate, "requests/s", better="higher")
+            add(f"{name}_{slug}_errors", errors, "requests", 0)
+            if errors:
+                missed.append(f"{errors} errors through {name} ({phase})")
+            shown = f"| {phase} | {name} | {requests} | {errors} | {rate:,.0f} | {p50:,.0f} µs | {p99:,.0f} µs |"
+            if not requests:
+                print(f"{shown} none answered within its run | | | |")
+                missed.append(f"no request through {name} was answered within its run ({phase})")
+                continue
+            # Direct: the fixed engine's own; else the proxy's (the engine's is the same on every path).
+            cpu = sum(r["cpu_ns"] for r in runs) / 1000 / requests
+            wait = sum(r["wait_ns"] for r in runs) / 1000 / requests
+            add(f"{name}_{slug}_cpu_per_request", cpu, "µs")
+            add(f"{name}_{slug}_cpu_wait_per_request", wait, "µs")
+            if name == "direct":
+                print(f"{shown} | | {cpu:,.1f} µs | {wait:,.1f} µs |")
+                continue
+            # Each round's difference to the direct run just before it, then their median (LiteLLM: its one round).
+            pairs = list(zip(runs, direct, strict=False))
+            added[name] = added50 = statistics.median(r["p50"] - d["p50"] for r, d in pairs)
+            added99 = statistics.median(r["p99"] - d["p99"] for r, d in pairs)
+            print(f"{shown} {added50:+,.0f} µs | {added99:+,.0f} µs | {cpu:,.1f} µs | {wait:,.1f} µs |")
+            add(f"{name}_{slug}_added_p50", added50, "µs", 200 if name == "gateway" else None)
+            add(f"{name}_{slug}_added_p99", added99, "µs")
+            if name == "gateway" and added50 > 200:
+                missed.append(f"the gateway's added p50 ({phase}) is {added50:.0f} µs (target ≤ 200)")
+        if "litellm" in added and "gateway" in added:
+            if added["gateway"] > 0:
+                ratio = added["litellm"] / added["gateway"]
+                add(f"litellm_to_gateway_added_p50_{slug}", ratio, "ratio", 50, "higher")
+                print(f"| {phase} | LiteLLM's added p50 ÷ the gateway's | {ratio:,.0f} (target ≥ 50) |")
+                if ratio < 50:
+                    missed.append(f"LiteLLM's added p50 ({phase}) is {ratio:.0f}× the gateway's (target ≥ 50)")
+            else:
+                print(f"| {phase} | LiteLLM's added p50 ÷ the gateway's | none: the gateway's is ≤ 0 |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="turns of the routes (default 5)")
@@ -349,10 +507,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ttft-requests", type=int, default=40, help="paced streams per path (default 40)")
     parser.add_argument("--streams", type=int, default=1000, help="held open for the memory figure (default 1000)")
     parser.add_argument("--no-litellm", action="store_true", help="leave LiteLLM out (no install, no comparison)")
+    parser.add_argument("--wrk-seconds", type=int, default=2, help="each wrk run, a path a round (default 2)")
+    parser.add_argument(
+        "--litellm-seconds", type=int, default=8, help="LiteLLM's one wrk run a phase, in the first round (default 8)"
+    )
+    parser.add_argument("--no-wrk", action="store_true", help="leave out wrk's phases (1 and 64 connections)")
     parser.add_argument("--quick", action="store_true", help="a few requests, no LiteLLM, to see it run")
     args = parser.parse_args(argv)
     if args.quick:
         args.rounds, args.requests, args.ttft_requests, args.streams, args.no_litellm = 2, 128, 3, 50, True
+        args.wrk_seconds = 1
+    args.wrk = not args.no_wrk and wrk.available()
+    if not args.no_wrk and not args.wrk:
+        print("wrk is not installed (scripts/system-packages --with-browser installs it): its phases are left out")
     args.counts_1 = {**dict.fromkeys(("direct", *GATEWAYS), args.requests), "litellm": args.litellm_requests}
     args.counts_64 = {**dict.fromkeys(("direct", *GATEWAYS), args.requests * 2), "litellm": args.litellm_requests}
     try:

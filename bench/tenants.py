@@ -11,7 +11,11 @@ load falls on both alike:
     the gateway's CPU per request (schedstat);
 (b) streams from the demo engine (CPU per token 0): the gateway's CPU per streamed chunk.
 
-    python -m bench.tenants [--requests 3000] [--rounds 5] [--chunks 500]
+With `--lua-before FILE` (an earlier deploy/gateway_usage.lua, e.g. from `git show`), a fourth
+side "before" is "on" with that file loaded instead, alternated with the others in the same run:
+a change to the filter measured against what it replaces, on the same load.
+
+    python -m bench.tenants [--requests 3000] [--rounds 5] [--chunks 500] [--lua-before FILE]
 """
 
 from __future__ import annotations
@@ -81,7 +85,8 @@ def fixed_engine(directory: Path) -> tuple[subprocess.Popen, int]:
     return process, port
 
 
-def gateway(directory: Path, engines: dict[str, int], side: str) -> tuple[subprocess.Popen, int]:
+def configure(directory: Path, engines: dict[str, int], side: str, lua_before: Path | None = None) -> int:
+    """The shipped config for one side, written into `directory`; the port it will listen on."""
     port = free_port()
     paths = Paths(directory)
     backends = {
@@ -95,8 +100,19 @@ def gateway(directory: Path, engines: dict[str, int], side: str) -> tuple[subpro
         concurrent_requests={"bench": "1000"},
     )
     haproxy_config.write_all(paths, Frontend(f"127.0.0.1:{port}"), desired)
-    lines = paths.config.read_text().splitlines()
-    paths.config.write_text("\n".join(line for line in lines if not any(w in line for w in REMOVED[side])) + "\n")
+    text = paths.config.read_text()
+    if side == "before" and lua_before is not None:
+        text = text.replace(str(haproxy_config.USAGE_LUA), str(lua_before.resolve()))
+    lines = text.splitlines()
+    removed = REMOVED.get(side, ())
+    paths.config.write_text("\n".join(line for line in lines if not any(w in line for w in removed)) + "\n")
+    return port
+
+
+def gateway(
+    directory: Path, engines: dict[str, int], side: str, lua_before: Path | None = None
+) -> tuple[subprocess.Popen, int]:
+    port = configure(directory, engines, side, lua_before)
     process = start(devgateway.haproxy_command(directory), env=devgateway.HAPROXY_ENV)
     wait_until(lambda: port_open(port), 10, "the gateway")
     return process, port
@@ -150,7 +166,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chunks", type=int, default=500, help="chunks of each stream")
     parser.add_argument("--streams", type=int, default=10, help="streams per round and side")
+    parser.add_argument("--lua-before", type=Path, help="another usage filter to measure as side 'before'")
     args = parser.parse_args(argv)
+    sides_run = (*SIDES, "before") if args.lua_before else SIDES
     processes: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
@@ -169,17 +187,17 @@ def main(argv: list[str] | None = None) -> None:
             wait_until(lambda: port_open(stream_port), 10, "the demo engine")
             engines = {"fixed": fixed_port, "stream": stream_port}
             sides = {}
-            for side in SIDES:
-                process, port = gateway(directory / side, engines, side)
+            for side in sides_run:
+                process, port = gateway(directory / side, engines, side, args.lua_before)
                 processes.append(process)
                 sides[side] = (port, worker_pid(process))
-            figures: list[dict[str, list[float]]] = [{side: [] for side in SIDES} for _ in range(4)]
+            figures: list[dict[str, list[float]]] = [{side: [] for side in sides_run} for _ in range(4)]
             p50, p99, cpu_request, cpu_chunk = figures
             for side in sides:  # warm both: connections to the engines, Lua, the tables
                 whole_answers(sides[side][0], 200)
                 one_stream(sides[side][0], 10)
             for round_ in range(args.rounds):
-                for side in SIDES if round_ % 2 == 0 else SIDES[::-1]:
+                for side in sides_run if round_ % 2 == 0 else sides_run[::-1]:
                     port, pid = sides[side]
                     before = cpu_ns(pid)
                     took = whole_answers(port, args.requests)
@@ -199,7 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         return round(statistics.median(values), 1)
 
     rows = []
-    for side in SIDES:
+    for side in sides_run:
         rows += [
             {"name": f"p50_{side}_us", "value": median(p50[side]), "unit": "µs", "target": None, "better": "lower"},
             {"name": f"p99_{side}_us", "value": median(p99[side]), "unit": "µs", "target": None, "better": "lower"},
@@ -226,7 +244,7 @@ def main(argv: list[str] | None = None) -> None:
             "target": 50 if side == "on" else None,
             "better": "lower",
         }
-        for side in ("on", "limits")
+        for side in ("on", "limits", *(("before",) if args.lua_before else ()))
     ]
     rows.append({"name": "rounds", "value": args.rounds, "unit": "", "target": None, "better": "higher"})
     write_results("tenants", rows)

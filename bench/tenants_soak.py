@@ -128,9 +128,16 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(min(10, args.seconds / 4))
             rss_start = rss_kib(pid)
             counted: dict[str, list[int]] = {}
+            # The worker's memory each minute: a leak shows as a rise that keeps going, not as one step.
+            rss_samples = [rss_start]
+            next_sample = time.monotonic() + 60
             while any(client.is_alive() for client in clients):
                 time.sleep(2)
                 take(runtime, counted)
+                if time.monotonic() >= next_sample:
+                    rss_samples.append(rss_kib(pid))
+                    next_sample += 60
+                    print(f"minute {len(rss_samples) - 1}: worker RSS {rss_samples[-1]} KiB", flush=True)
             for client in clients:
                 client.join()
             time.sleep(1)
@@ -158,6 +165,20 @@ def main(argv: list[str] | None = None) -> None:
         {"name": "worker_survived", "value": int(same_worker), "unit": "", "target": 1, "better": "higher"},
         {"name": "rss_start_kib", "value": rss_start, "unit": "KiB", "target": None, "better": "lower"},
         {"name": "rss_end_kib", "value": rss_end, "unit": "KiB", "target": None, "better": "lower"},
+        {
+            "name": "rss_max_kib",
+            "value": max([*rss_samples, rss_end]),
+            "unit": "KiB",
+            "target": None,
+            "better": "lower",
+        },
+        {
+            "name": "rss_second_half_growth_kib",
+            "value": rss_end - rss_samples[len(rss_samples) // 2],
+            "unit": "KiB",
+            "target": None,
+            "better": "lower",
+        },
         {"name": "requests_counted", "value": whole[0], "unit": "", "target": sent, "better": "higher"},
         {"name": "prompt_tokens_counted", "value": whole[1], "unit": "", "target": engine_prompt, "better": "higher"},
         {"name": "prompt_tokens_engine", "value": engine_prompt, "unit": "", "target": None, "better": "higher"},

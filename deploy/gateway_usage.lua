@@ -1,27 +1,70 @@
--- The gateway's usage counter: prompt and completion tokens per tenant, model and server, as the
--- engines report them in `usage` (the JSON body of an answer, or a stream's last event before
--- [DONE], which engines send when the request asks `stream_options: {"include_usage": true}`).
+-- The gateway's counter, in every answer's path: prompt and completion tokens per tenant, model and
+-- server, as the engines report them in `usage` (the JSON body of an answer, or a stream's last event
+-- before [DONE], which engines send when the request asks `stream_options: {"include_usage": true}`);
+-- and each stream's time to first token as its client sees it, per model and server.
 --
 -- Loaded by deploy/gateway.cfg (`lua-load`, one thread: Debian's 2.6 Lua filter crashed with two).
 -- Totals stay in this process until the sync takes them with `llmgw usage take` on the admin
 -- socket, which answers them and starts again from zero, so each token is handed over once.
+--
+-- What a request costs here is mostly HAProxy's, not this file's: each callback builds a `txn`
+-- object of a dozen tables, and a filter has at least three callbacks per request (`new`, then
+-- `http_headers` on each message: 2.6 calls it for both when it is defined, as it does
+-- `start_analyze`, and only such a callback can register for the answer's data), plus, when the
+-- usage did not come with the answer's headers, one `http_payload` per piece until it has. Measured with callgrind (docs/gateway.md, "What it costs"); what is left to
+-- this file is kept to plain string searches and no work on a request's way in.
 
+local find, match, sub, byte, concat = string.find, string.match, string.sub, string.byte, table.concat
+local now = core.now
+
+-- Per "tenant model server": { requests, prompt tokens, completion tokens }.
 local totals = {}
 
--- The last `usage` object seen in an answer: a stream's comes at its end. The tail of what was
--- seen before is kept, so an object cut between two pieces of the answer is still found whole.
+-- Time to first token: from the request's arrival (its stream's creation, when its first bytes came)
+-- to the first bytes of a streamed answer's body (Content-Type text/event-stream), in microseconds,
+-- counted in these buckets (upper bounds: vLLM's time-to-first-token buckets, so both read alike).
+-- gateway/counted.py holds the same bounds, in seconds; keep the two equal.
+local BOUNDS_US = {
+    1000, 5000, 10000, 20000, 40000, 60000, 80000, 100000, 250000, 500000, 750000, 1000000,
+    2500000, 5000000, 7500000, 10000000, 20000000, 40000000, 80000000, 160000000, 640000000, 2560000000,
+}
+local BUCKETS = #BOUNDS_US + 1 -- the last one: over every bound (+Inf)
+-- Per "model server": { sum of microseconds, then the count in each bucket (not cumulative) }.
+local first_tokens = {}
+
+-- A usage object cut between two pieces of an answer is kept (from its "usage" on) at most this long.
 local TAIL = 1024
 
-local function find_usage(text)
-    local prompt, completion
-    for object in string.gmatch(text, '"usage"%s*:%s*(%b{})') do
-        local p = string.match(object, '"prompt_tokens"%s*:%s*(%d+)')
-        local c = string.match(object, '"completion_tokens"%s*:%s*(%d+)')
-        if p and c then
-            prompt, completion = tonumber(p), tonumber(c)
+-- The first `usage` object with both counts in `text`: prompt, completion; or nil and where a usage
+-- begins that the text cuts short (the next piece completes it); or nil. Plain searches first: most
+-- pieces of a stream hold no "usage" at all, and each found is checked at its place only.
+local function usage_in(text)
+    local at = find(text, '"usage"', 1, true)
+    while at do
+        local value = match(text, '^"usage"%s*:%s*()', at)
+        if value == nil then
+            if find(text, "^%s*:?%s*$", at + 7) then
+                return nil, nil, at
+            end
+            at = find(text, '"usage"', at + 7, true) -- "usage" as a string, not a key
+        elseif value > #text then
+            return nil, nil, at
+        elseif byte(text, value) ~= 123 then -- not an object ("usage": null in every chunk of some engines)
+            at = find(text, '"usage"', value, true)
+        else
+            local object = match(text, "^%b{}", value)
+            if object == nil then
+                return nil, nil, at
+            end
+            local p = match(object, '"prompt_tokens"%s*:%s*(%d+)')
+            local c = match(object, '"completion_tokens"%s*:%s*(%d+)')
+            if p and c then
+                return tonumber(p), tonumber(c)
+            end
+            at = find(text, '"usage"', value + #object, true)
         end
     end
-    return prompt, completion
+    return nil
 end
 
 local Usage = {}
@@ -29,21 +72,44 @@ Usage.id = "llmgw usage"
 Usage.flags = filter.FLT_CFG_FL_HTX
 Usage.__index = Usage
 
+-- Called as the request's stream is made, on its first bytes (a kept-alive connection's wait for its
+-- next request is not in it): that is the request's arrival.
 function Usage:new()
-    return setmetatable({ tail = "" }, Usage)
+    return setmetatable({ arrived = now() }, Usage)
 end
 
-function Usage:start_analyze(txn, chn)
-    if chn:is_resp() then
-        filter.register_data_filter(self, chn)
+-- "model server" of the answer, looked up once.
+local function where(self, txn)
+    local key = self.where
+    if key == nil then
+        key = (txn:get_var("txn.model") or "-") .. " " .. (txn.f:srv_name() or "-")
+        self.where = key
     end
+    return key
 end
 
-local function add(txn, prompt, completion)
-    local tenant = txn:get_var("txn.tenant") or "-"
-    local model = txn:get_var("txn.model") or "-"
-    local server = txn.f:srv_name() or "-"
-    local key = tenant .. " " .. model .. " " .. server
+local function first_token(self, txn, arrived)
+    local at = now()
+    local us = (at.sec - arrived.sec) * 1000000 + (at.usec - arrived.usec)
+    local i = 1
+    while i < BUCKETS and us > BOUNDS_US[i] do
+        i = i + 1
+    end
+    local key = where(self, txn)
+    local counts = first_tokens[key]
+    if counts == nil then
+        counts = { 0 }
+        for b = 2, BUCKETS + 1 do
+            counts[b] = 0
+        end
+        first_tokens[key] = counts
+    end
+    counts[1] = counts[1] + us
+    counts[i + 1] = counts[i + 1] + 1
+end
+
+local function add(self, txn, prompt, completion)
+    local key = (txn:get_var("txn.tenant") or "-") .. " " .. where(self, txn)
     local total = totals[key]
     if total == nil then
         total = { 0, 0, 0 }
@@ -54,33 +120,86 @@ local function add(txn, prompt, completion)
     total[3] = total[3] + completion
 end
 
+-- On each message's headers (2.6 calls it for the request's too). An answer's are where a stream is told
+-- apart (its headers are gone by its first data), and where a whole answer that came with them (most
+-- do: a few hundred bytes) is read and counted at once, so that it costs no `http_payload` call; the
+-- answer's data is registered for only when its usage is not there yet.
+function Usage:http_headers(txn, msg)
+    if msg ~= txn.http_res then
+        return
+    end
+    local fetch = txn.f
+    local content_type = fetch:res_fhdr("content-type")
+    local stream = content_type ~= nil and find(content_type, "text/event-stream", 1, true)
+    if not stream then
+        self.arrived = nil -- not timed
+    end
+    local body = fetch:res_body() -- what came with the headers
+    if body ~= nil and body ~= "" then
+        local arrived = self.arrived
+        if arrived then
+            self.arrived = nil
+            first_token(self, txn, arrived)
+        end
+        local prompt, completion = usage_in(body)
+        if prompt then
+            add(self, txn, prompt, completion)
+            return
+        end
+    end
+    -- The data filter sees the answer from its first byte, what was read here included.
+    filter.register_data_filter(self, msg.channel)
+end
+
 -- An answer has one `usage`: counted as soon as it is whole, then the rest of the answer passes
 -- unread (no callback per later chunk, none at the end: each Lua call costs microseconds).
 function Usage:http_payload(txn, msg)
-    local data = msg:body(0, -1)
+    local data = msg:body() -- this piece only: what came before was seen by an earlier call
     if data == nil or data == "" then
         return
     end
-    local text = self.tail .. data
-    local prompt, completion = find_usage(text)
+    local arrived = self.arrived
+    if arrived then -- a stream's first bytes
+        self.arrived = nil
+        first_token(self, txn, arrived)
+    end
+    local text = data
+    local tail = self.tail
+    if tail then
+        text = tail .. data
+    end
+    local prompt, completion, cut = usage_in(text)
     if prompt then
-        add(txn, prompt, completion)
+        add(self, txn, prompt, completion)
         filter.unregister_data_filter(self, msg.channel)
         return
     end
-    self.tail = string.sub(text, -TAIL)
+    if cut then
+        tail = sub(text, cut)
+        self.tail = #tail <= TAIL and tail or nil
+    else
+        -- "usage" itself cut between two pieces: at most its first 6 bytes end this one, from a quote.
+        local quote = find(text, '"', -6, true)
+        self.tail = quote and sub(text, quote) or nil
+    end
 end
 
 core.register_filter("llmgw_usage", Usage, function(usage, args)
     return usage
 end)
 
--- `llmgw usage take`: one line per tenant, model and server: requests prompt_tokens completion_tokens.
+-- `llmgw usage take`: one line per tenant, model and server: `TENANT MODEL SERVER requests prompt_tokens
+-- completion_tokens`; then one per model and server with streams timed: `ttft MODEL SERVER sum_us`
+-- and the count in each bucket of BOUNDS_US, the last over all of them (a tenant line has 6 fields,
+-- a ttft line 4 + #BOUNDS_US + 1).
 core.register_cli({ "llmgw", "usage", "take" }, "llmgw usage take : hand over the tokens counted, and zero them",
     function(applet)
-        local taken = totals
-        totals = {}
+        local taken, timed = totals, first_tokens
+        totals, first_tokens = {}, {}
         for key, total in pairs(taken) do
             applet:send(key .. " " .. total[1] .. " " .. total[2] .. " " .. total[3] .. "\n")
+        end
+        for key, counts in pairs(timed) do
+            applet:send("ttft " .. key .. " " .. concat(counts, " ") .. "\n")
         end
     end)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import resource
 import tempfile
 from dataclasses import dataclass, field
@@ -52,6 +53,9 @@ class Server:
     port: int
     weight: int = DEFAULT_WEIGHT
     state: str = ServerState.READY
+    # Requests this gateway sends it at once (the deployment's max in flight per replica); the rest
+    # wait in HAProxy's queue, tenants under their fair share first (gateway.fairness). 0: no limit.
+    maxconn: int = 0
 
 
 @dataclass(frozen=True)
@@ -81,6 +85,9 @@ class Desired:
     concurrent_requests: dict[str, str] = field(default_factory=dict)
     # Tenant → `window:limit:seconds` for the tenants whose token budget is spent (gateway.budgets).
     budget_spent: dict[str, str] = field(default_factory=dict)
+    # Backend → `share:capacity` for the backends whose servers have a maxconn (gateway.fairness); filled
+    # by the sync from the tenants' requests on each model now.
+    fair_shares: dict[str, str] = field(default_factory=dict)
 
     def shape(self) -> tuple[tuple[str, str, bool], ...]:
         """What only a reload can change: the backends and their engines' secrets."""
@@ -103,6 +110,58 @@ class Desired:
         return {"models": self.catalog()}
 
 
+# The table of each tenant's counters, when the gateway is the only one.
+TENANTS_TABLE = "st_tenants"
+# A gateway's name among several: its HAProxy peer name and its table's suffix.
+PEER_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
+# How long an entry outlives the tenant's last request. A gateway's sync rewrites its tenants' requests
+# in flight (gpt0) before half of it has passed, so that the others' copies stay while a stream lasts.
+TENANTS_EXPIRE_S = 60
+
+
+@dataclass(frozen=True)
+class Peer:
+    """One gateway among several: its name, and where its HAProxy's peers listener is (HOST:PORT)."""
+
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
+class Peering:
+    """This gateway among several (docs/gateway.md, "Several gateways"): every gateway, itself included.
+
+    Each gateway counts its tenants in its own table and only there; `peers` replicates every table to
+    every gateway, and the limits are checked against the sum. `cert` (certificate and key, PEM) and
+    `ca` make the gateways' connections TLS, each end proving itself with a certificate `ca` signed."""
+
+    name: str
+    peers: tuple[Peer, ...]
+    cert: str = ""
+    ca: str = ""
+
+    def __post_init__(self):
+        names = [peer.name for peer in self.peers]
+        if self.name not in names:
+            raise ValueError(f"this gateway ({self.name}) is not among the peers ({', '.join(names)})")
+        if len(set(names)) != len(names):
+            raise ValueError("two peers have one name")
+        if bool(self.cert) != bool(self.ca):
+            raise ValueError("TLS between peers needs both a certificate and a CA")
+
+    @property
+    def table(self) -> str:
+        return tenants_table(self.name)
+
+    @property
+    def others(self) -> tuple[Peer, ...]:
+        return tuple(peer for peer in self.peers if peer.name != self.name)
+
+
+def tenants_table(gateway: str) -> str:
+    return f"{TENANTS_TABLE}_{gateway}"
+
+
 @dataclass(frozen=True)
 class Frontend:
     """How one gateway instance listens: its address, the largest body it routes, how long a request may take."""
@@ -112,6 +171,12 @@ class Frontend:
     request_timeout: int = REQUEST_TIMEOUT
     # Where Prometheus scrapes the gateway's own series (HAProxy's exporter); empty: not exported.
     metrics_bind: str = ""
+    # The other gateways whose tenants' counters add to this one's; None: this gateway alone.
+    peering: Peering | None = None
+
+    @property
+    def tenants_table(self) -> str:
+        return self.peering.table if self.peering else TENANTS_TABLE
 
     @property
     def bufsize(self) -> int:
@@ -157,6 +222,10 @@ class Paths:
         return self.directory / "budget.map"
 
     @property
+    def fair_map(self) -> Path:
+        return self.directory / "fair.map"
+
+    @property
     def catalog_map(self) -> Path:
         return self.directory / "catalog.map"
 
@@ -175,7 +244,12 @@ ERRORS: dict[int, tuple[str, str, str]] = {
     429: ("Too Many Requests", "Rate limit reached; retry after the time in Retry-After", "rate_limit_error"),
     500: ("Internal Server Error", "The gateway failed", "server_error"),
     502: ("Bad Gateway", "The model's engine gave an invalid response", "server_error"),
-    503: ("Service Unavailable", "No replica of the model is ready; retry later", "server_error"),
+    # Also a request that waited in the model's queue past `timeout queue` (its replicas all busy).
+    503: (
+        "Service Unavailable",
+        "No replica of the model is ready, or none became free within the gateway's queue timeout; retry later",
+        "server_error",
+    ),
     504: ("Gateway Timeout", "The model's engine did not answer in time", "server_error"),
 }
 RETRY_AFTER = {429: 1, 503: 1}
@@ -216,8 +290,14 @@ def max_connections() -> int:
 SERVER_OPTIONS = "pool-max-conn -1 pool-purge-delay 1s"
 
 
+def server_options(server: Server) -> str:
+    """Its weight, its limit (if any) and the pool's options, as `server` lines and `add server` take them."""
+    limit = f" maxconn {server.maxconn}" if server.maxconn else ""
+    return f"weight {server.weight}{limit} {SERVER_OPTIONS}"
+
+
 def server_line(server: Server) -> str:
-    line = f"    server {server.name} {server.address}:{server.port} weight {server.weight} {SERVER_OPTIONS}"
+    line = f"    server {server.name} {server.address}:{server.port} {server_options(server)}"
     return line + (" disabled" if server.state != ServerState.READY else "")
 
 
@@ -245,7 +325,126 @@ def metrics_section(frontend: Frontend) -> str:
     return "\n".join(lines) + "\n"
 
 
-def backend_section(backend: Backend) -> str:
+# -- tenants' counters: one table, or one per gateway summed (docs/gateway.md, "Several gateways") ------------
+
+PEERS_SECTION = "gateways"
+
+
+def tenant_track(frontend: Frontend) -> str:
+    """The rule tracking the request's tenant, for the request's life, in this gateway's own table."""
+    return f"    http-request track-sc0 var(txn.tenant) table {frontend.tenants_table}"
+
+
+def tenants_elsewhere(frontend: Frontend) -> str:
+    """With peers: the tenant's requests admitted in the last second and in flight on the other gateways, from
+    their tables as replicated here, summed into variables; read only for a tenant with that limit."""
+    if frontend.peering is None:
+        return ""
+    lines = []
+    for what, converter, limit in (
+        ("rate", "table_gpc0_rate", "rps_limit"),
+        ("in_flight", "table_gpt0", "concurrency_limit"),
+    ):
+        for index, peer in enumerate(frontend.peering.others):
+            total = f",add(txn.{what}_elsewhere)" if index else ""
+            count = f"var(txn.tenant),{converter}({tenants_table(peer.name)}){total}"
+            lines.append(f"    http-request set-var(txn.{what}_elsewhere) {count} if {{ var(txn.{limit}) -m found }}")
+    return "\n".join(lines)
+
+
+def tenant_requests(frontend: Frontend, counter: str, what: str) -> str:
+    """The sample the limit is compared with: this gateway's own counter, plus the others' when peered."""
+    if frontend.peering is None or not frontend.peering.others:
+        return counter
+    return f"{counter},add(txn.{what}_elsewhere)"
+
+
+def tenant_publish(frontend: Frontend) -> str:
+    """With peers: an admitted request writes the tenant's requests in flight here (conn_cur, which peers do not
+    send) into gpt0, which they do, so the others see it at once; the sync writes it again as requests end."""
+    if frontend.peering is None:
+        return ""
+    return "    http-request sc-set-gpt0(0) sc_conn_cur(0)"
+
+
+def peer_tls(peering: Peering) -> str:
+    if not peering.cert:
+        return ""
+    return f" ssl crt {peering.cert} ca-file {peering.ca} verify required"
+
+
+def tenant_tables(frontend: Frontend) -> str:
+    """The tenants' tables: this gateway's alone, or every gateway's, each replicated to all by `peers`."""
+    table = f"stick-table type string len 64 size 100k expire {TENANTS_EXPIRE_S}s store gpc0_rate(1s),conn_cur"
+    peering = frontend.peering
+    if peering is None:
+        return f"backend {TENANTS_TABLE}\n    {table}"
+    tls = peer_tls(peering)
+    mine = next(peer for peer in peering.peers if peer.name == peering.name)
+    lines = [
+        "# This gateway's name among the peers (HAProxy's localpeer); its table is the only one it writes.",
+        "global",
+        f"    localpeer {peering.name}",
+        "",
+        "# Every gateway's tenants' table, each written by its own gateway alone and replicated to all. The",
+        '# peers\' port has no password: reachable by the gateways only (docs/operations.md, "Several gateways").',
+        f"peers {PEERS_SECTION}",
+        f"    bind {mine.address}{tls}",
+        *(
+            f"    server {peer.name}" + ("" if peer.name == peering.name else f" {peer.address}{tls}")
+            for peer in peering.peers
+        ),
+    ]
+    for peer in peering.peers:
+        lines += ["", f"backend {tenants_table(peer.name)}", f"    {table},gpt0 peers {PEERS_SECTION}"]
+    return "\n".join(lines)
+
+
+# Fair under pressure: each tenant's requests on each model now (in flight and queued), on this gateway,
+# and how often it was refused for being over its fair share (gateway.fairness reads both).
+FAIR_TABLE = "st_fair"
+FAIR_REFUSALS = "gpc0_rate(10s)"
+
+
+def fair_table_section() -> str:
+    # Keys are `<backend>/<tenant>`: neither name holds a '/' (their validators).
+    return (
+        "# Each tenant's requests on each model (in flight and queued) on this gateway, and its refusals.\n"
+        f"backend {FAIR_TABLE}\n"
+        f"    stick-table type string len 200 size 100k expire 60s store conn_cur,{FAIR_REFUSALS}\n"
+    )
+
+
+def fairness_rules(backend: Backend, fair_map: Path) -> tuple[str, ...]:
+    """Fair under pressure (docs/gateway.md), where the sync has written a fair share for the backend (its
+    servers have a maxconn, `share:queue bound` in fair.map): a queued request waits behind those of tenants
+    with fewer requests on the model (its priority class: the tenant's requests on it already), and a tenant
+    with its fair share already on the model is refused once the queue reaches the bound (0 while other
+    tenants want more than is left: so the model keeps room for them)."""
+    on = "{ var(txn.fair) -m found }"
+    over = "{ var(txn.fair_over) -m found }"
+    message = (
+        f"Model {backend.served_model} is saturated: tenant %[var(txn.tenant)] already has "
+        "%[sc_conn_cur(1),sub(1)] requests on it and its fair share is %[var(txn.fair_share)]; retry after 1s"
+    )
+    refusal = f'{{"error":{{"message":"{message}","type":"requests","param":null,"code":"rate_limit_exceeded"}}}}'
+    return (
+        "    # Fair under pressure: the queue is served lowest class first, the class being the tenant's requests",
+        "    # on this model already; a tenant at its fair share is refused once the queue reaches the bound.",
+        f"    http-request set-var(txn.fair) str({backend.name}),map({fair_map})",
+        f"    http-request track-sc1 str({backend.name}),concat(/,txn.tenant) table {FAIR_TABLE} if {on}",
+        f"    http-request set-priority-class sc_conn_cur(1),sub(1) if {on}",
+        f"    http-request set-var(txn.fair_share) var(txn.fair),field(1,:) if {on}",
+        f"    http-request set-var(txn.fair_bound) var(txn.fair),field(2,:) if {on}",
+        f"    http-request set-var(txn.fair_over) bool(true) if {on} {{ sc_conn_cur(1),sub(txn.fair_share) gt 0 }} "
+        "{ queue,sub(txn.fair_bound) ge 0 }",
+        f"    http-request sc-inc-gpc0(1) if {over}",
+        f"    http-request return status 429 content-type application/json hdr Retry-After 1 lf-string '{refusal}' "
+        f"if {over}",
+    )
+
+
+def backend_section(backend: Backend, fair_map: Path) -> str:
     lines = [
         f"backend {backend.name}",
         *(PREFIX_AFFINITY if backend.prefix_affinity else ("    balance leastconn",)),
@@ -255,6 +454,7 @@ def backend_section(backend: Backend) -> str:
         "    http-request return status 503 content-type application/json hdr Retry-After 1 string "
         '\'{"error":{"message":"No replica of this model is ready; retry later","type":"server_error",'
         '"param":null,"code":"no_ready_replica"}}\' if { nbsrv eq 0 }',
+        *fairness_rules(backend, fair_map),
         *(server_line(s) for s in backend.servers),
     ]
     return "\n".join(lines) + "\n"
@@ -279,10 +479,19 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "request_timeout": f"{frontend.request_timeout}s",
         "errorfiles": "\n".join(f"    errorfile {code} {paths.errors / f'{code}.http'}" for code in ERRORS),
         "metrics": metrics_section(frontend),
-        "backends": "\n".join(backend_section(b) for _, b in sorted(desired.backends.items())),
+        "tenant_track": tenant_track(frontend),
+        "tenants_elsewhere": tenants_elsewhere(frontend),
+        "tenant_rate": tenant_requests(frontend, "sc_gpc0_rate(0)", "rate"),
+        "tenant_in_flight": tenant_requests(frontend, "sc_conn_cur(0)", "in_flight"),
+        "tenant_publish": tenant_publish(frontend),
+        "tenant_tables": tenant_tables(frontend),
+        "backends": "\n".join(
+            [fair_table_section(), *(backend_section(b, paths.fair_map) for _, b in sorted(desired.backends.items()))]
+        ),
     }
     for name, value in fields.items():
-        text = text.replace("{{" + name + "}}", value)
+        # A placeholder alone on its line that renders nothing leaves no empty line behind.
+        text = text.replace("{{" + name + "}}" + ("\n" if not value else ""), value)
     if "{{" in text:
         raise ValueError(f"unfilled placeholder in {TEMPLATE}: {text[text.index('{{') :].splitlines()[0]}")
     return text
@@ -322,4 +531,5 @@ def write_all(paths: Paths, frontend: Frontend, desired: Desired) -> bool:
     write_private(paths.rps_map, map_text(desired.requests_per_second).encode())
     write_private(paths.concurrency_map, map_text(desired.concurrent_requests).encode())
     write_private(paths.budget_map, map_text(desired.budget_spent).encode())
+    write_private(paths.fair_map, map_text(desired.fair_shares).encode())
     return write_private(paths.config, render(paths, frontend, desired).encode())

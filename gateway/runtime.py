@@ -107,12 +107,37 @@ class Runtime:
             counts[(f[proxy], f[server])] = int(f[current] or 0) + int(f[queued] or 0)
         return counts
 
+    def server_limits(self) -> dict[tuple[str, str], int]:
+        """`show stat`: (backend, server) → its maxconn (`slim`), 0 for none."""
+        lines = self.ask("show stat").splitlines()
+        if not lines or not lines[0].startswith("# "):
+            raise RuntimeError_(f"show stat: {lines[:1]}")
+        columns = lines[0][2:].split(",")
+        proxy, server, limit = columns.index("pxname"), columns.index("svname"), columns.index("slim")
+        return {
+            (f[proxy], f[server]): int(f[limit] or 0)
+            for f in (line.split(",") for line in lines[1:])
+            if len(f) >= len(columns) and f[server] not in ("FRONTEND", "BACKEND")
+        }
+
     def map_entries(self, path: Path) -> dict[str, str]:
         entries = {}
         for line in self.ask(f"show map {path}").splitlines():
             parts = line.split(" ", 2)
             if len(parts) == 3 and parts[0].startswith("0x"):
                 entries[parts[1]] = parts[2]
+        return entries
+
+    def table_entries(self, table: str, where: str = "") -> dict[str, dict[str, int]]:
+        """`show table` (its entries matching `where`, e.g. `data.gpt0 gt 0`): key → counters and `exp` (ms left)."""
+        entries = {}
+        for line in self.ask(f"show table {table} {where}".strip()).splitlines():
+            if not line.startswith("0x"):
+                continue
+            fields = dict(word.split("=", 1) for word in line.split()[1:] if "=" in word)
+            key = fields.pop("key", None)
+            if key is not None:
+                entries[key] = {name.split("(", 1)[0]: int(value) for name, value in fields.items() if value.isdigit()}
         return entries
 
     def command(self, command: str, ok: tuple[str, ...] = ("",)) -> str:

@@ -18,13 +18,14 @@ deleted, until they have.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway import counted, haproxy_config, weights
-from gateway.haproxy_config import SERVER_OPTIONS, Backend, Desired, Frontend, Paths, ServerState
+from gateway import counted, fairness, haproxy_config, weights
+from gateway.haproxy_config import Backend, Desired, Frontend, Paths, ServerState
 from gateway.metrics import GatewayMetrics
 from gateway.runtime import ActualServer, Runtime, RuntimeError_
 
@@ -69,6 +70,8 @@ class Sync:
         self.metrics = GatewayMetrics()
         self.runtime = Runtime(paths.admin_socket, paths.master_socket)
         self.desired: Desired | None = None
+        # The tenants' recent demand on each model, which their fair shares come from (gateway.fairness).
+        self.recent = fairness.Recent()
         # The shape the running HAProxy was last reloaded with; None: not known (a new sync process).
         self.loaded_shape: tuple | None = None
 
@@ -83,7 +86,7 @@ class Sync:
             log.warning("gateway: %s", done.errors[-1])
         if self.desired is None:
             return done
-        desired = self.desired
+        desired = self._with_fair_shares(self.desired)
         self.metrics.over_budget.set(len(desired.budget_spent))
         config_changed = haproxy_config.write_all(self.paths, self.frontend, desired)
         try:
@@ -93,10 +96,11 @@ class Sync:
                 self.loaded_shape = desired.shape()
             actual = self.runtime.servers()
             in_flight = self.runtime.in_flight()
+            limits = self.runtime.server_limits()
             # Weights change with the engines' queues: set at run time, never written to the config.
             running = self._weighted(desired, done)
             for backend in running.backends.values():
-                self._repair_servers(backend, actual.get(backend.name, {}), in_flight, done)
+                self._repair_servers(backend, actual.get(backend.name, {}), in_flight, limits, done)
             self._report(in_flight, done)
             self._repair_map(self.paths.models_map, desired.models_map(), done)
             self._repair_map(self.paths.keys_map, desired.keys, done)
@@ -104,6 +108,8 @@ class Sync:
             self._repair_map(self.paths.rps_map, desired.requests_per_second, done)
             self._repair_map(self.paths.concurrency_map, desired.concurrent_requests, done)
             self._repair_map(self.paths.budget_map, desired.budget_spent, done)
+            self._repair_map(self.paths.fair_map, desired.fair_shares, done)
+            self._publish_in_flight(done)
         except RuntimeError_ as exc:
             done.errors.append(str(exc))
             log.warning("gateway: %s", exc)
@@ -114,8 +120,9 @@ class Sync:
     def _collect_usage(self, done: Pass) -> None:
         try:
             taken = counted.take(self.runtime)
-            self.metrics.taken(taken)
-            for key, amounts in taken.items():
+            self.metrics.taken(taken.usage)
+            self.metrics.first_tokens.add(taken.first_tokens)
+            for key, amounts in taken.usage.items():
                 self.unrecorded.setdefault(key, counted.Counted()).add(amounts)
         except RuntimeError_ as exc:
             done.errors.append(f"usage not taken: {exc}")
@@ -166,19 +173,28 @@ class Sync:
     # -- servers --------------------------------------------------------------------------------
 
     def _repair_servers(
-        self, backend: Backend, actual: dict[str, ActualServer], in_flight: dict[tuple[str, str], int], done: Pass
+        self,
+        backend: Backend,
+        actual: dict[str, ActualServer],
+        in_flight: dict[tuple[str, str], int],
+        limits: dict[tuple[str, str], int],
+        done: Pass,
     ) -> None:
         wanted = {s.name: s for s in backend.servers}
         for name, server in wanted.items():
             where = f"{backend.name}/{name}"
             have = actual.get(name)
+            maxconn = limits.get((backend.name, name), 0)
             if have is None:
                 self._do(
                     done,
-                    f"add server {where} {server.address}:{server.port} weight {server.weight} {SERVER_OPTIONS}",
+                    f"add server {where} {server.address}:{server.port} {haproxy_config.server_options(server)}",
                     ok=("New server registered",),
                 )
                 have = ActualServer(name, server.address, server.port, server.weight, 0x01)
+                maxconn = server.maxconn
+            if maxconn != server.maxconn:
+                self._do(done, f"set maxconn server {where} {server.maxconn}")
             if (have.address, have.port) != (server.address, server.port):
                 self._do(
                     done, f"set server {where} addr {server.address} port {server.port}", ok=("IP changed", "no need")
@@ -205,6 +221,16 @@ class Sync:
             else:
                 done.waiting.append(f"del server {where}: {answer}")
 
+    def _with_fair_shares(self, desired: Desired) -> Desired:
+        """`desired` with each saturable model's fair share, from the tenants' requests on it now (gateway.fairness)."""
+        if not any(s.maxconn for b in desired.backends.values() for s in b.servers):
+            return desired  # no model limited: nothing to ask HAProxy
+        try:
+            asked = self.recent.add(fairness.demands(self.runtime.ask(fairness.command())))
+        except RuntimeError_:  # HAProxy not there: the shares as if nobody asked (the repairs below say why)
+            asked = {}
+        return dataclasses.replace(desired, fair_shares=fairness.shares(desired, asked))
+
     def _weighted(self, desired: Desired, done: Pass) -> Desired:
         if self.read_queues is None:
             return desired
@@ -225,6 +251,24 @@ class Sync:
             self.report_in_flight(by_replica)
         except Exception as exc:  # Redis down: drains stop waiting (bounded by their deadline anyway)
             done.errors.append(f"requests in flight not reported: {exc}")
+
+    # -- tenants' requests in flight, for the other gateways -----------------------------------
+
+    def _publish_in_flight(self, done: Pass) -> None:
+        """With peers: each tenant's requests in flight here (conn_cur, which peers do not send) into gpt0,
+        which they do. A request admitted writes it as it starts; this writes it again once requests have
+        ended, and rewrites it while they last, before the others' copies of the entry expire."""
+        if self.frontend.peering is None:
+            return
+        table = self.frontend.peering.table
+        entries = self.runtime.table_entries(table, "data.gpt0 gt 0")
+        entries.update(self.runtime.table_entries(table, "data.conn_cur gt 0"))
+        for tenant, counters in sorted(entries.items()):
+            in_flight = counters.get("conn_cur", 0)
+            stale = counters.get("gpt0", 0) != in_flight
+            expiring = in_flight > 0 and counters.get("exp", 0) < haproxy_config.TENANTS_EXPIRE_S * 1000 / 2
+            if stale or expiring:
+                self._do(done, f"set table {table} key {tenant} data.gpt0 {in_flight}")
 
     # -- maps -----------------------------------------------------------------------------------
 

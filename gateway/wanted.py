@@ -47,17 +47,23 @@ def read() -> Desired:
             broken.add(replica)
         elif index == 0:
             leaders[replica] = (deployment, replica, trusted_address(claimed, source), port)
+    deployments = list(
+        Deployment.objects.values_list(
+            "pk", "served_model_name", "engine_secret", "prefix_affinity", "max_in_flight_per_replica"
+        )
+    )
+    # Each server's maxconn: past it the gateway queues, tenants under their fair share first (gateway.fairness).
+    maxconn = {pk: limit or 0 for pk, *_, limit in deployments}
     servers: dict[int, list[Server]] = defaultdict(list)
     for replica, (deployment, name, address, port) in sorted(leaders.items()):
         # The address the control plane trusts, never the node's claim (inventory/endpoints.py);
         # HAProxy's Runtime API takes an IPv6 address without its brackets.
         if replica not in broken and address and port:
-            servers[deployment].append(Server(name=name, address=address.strip("[]"), port=port))
+            server = Server(name=name, address=address.strip("[]"), port=port, maxconn=maxconn.get(deployment, 0))
+            servers[deployment].append(server)
     backends = {
         served: Backend(served, secret, tuple(servers.get(pk, ())), affinity)
-        for pk, served, secret, affinity in Deployment.objects.values_list(
-            "pk", "served_model_name", "engine_secret", "prefix_affinity"
-        )
+        for pk, served, secret, affinity, _ in deployments
     }
     keys = dict(ApiKey.objects.usable().values_list("digest", "tenant__name"))
     limits = Tenant.objects.filter(active=True).values_list("name", "requests_per_second", "concurrent_requests")

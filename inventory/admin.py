@@ -522,6 +522,7 @@ class DeploymentAdmin(admin.ModelAdmin):
                     "name",
                     "served_model_name",
                     "prefix_affinity",
+                    "max_in_flight_per_replica",
                     "model_source",
                     "engine",
                     "arguments",

@@ -24,6 +24,9 @@ urlpatterns = [
     path("nodes/<str:node_id>/admin-state/", views.set_node_admin_state, name="node-admin-state"),
     path("models/<str:served_model>/", views.model, name="model"),
     path("models/<str:served_model>/charts/", views.model_charts, name="model-charts"),
+    path("tenants/", views.tenants, name="tenants"),
+    path("tenants/<str:name>/", views.tenant, name="tenant"),
+    path("tenants/<str:name>/charts/", views.tenant_charts, name="tenant-charts"),
     # Browsers ask for /favicon.ico on every page, the admin's included.
     path("favicon.ico", RedirectView.as_view(url=static("llmgw/favicon.svg"), permanent=True)),
 ]

@@ -24,6 +24,7 @@ def deployment_fields(deployment: Deployment, may_change: bool) -> dict:
         "name": deployment.name,
         "served_model_name": deployment.served_model_name,
         "prefix_affinity": deployment.prefix_affinity,
+        "max_in_flight_per_replica": deployment.max_in_flight_per_replica,
         "model_source": deployment.model_source,
         "engine": deployment.engine,
         "arguments": deployment.arguments_for(may_change),

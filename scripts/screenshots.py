@@ -1,4 +1,4 @@
-"""Save docs/screenshots/cluster.png and node.png from a running demo stack (`make screenshots`).
+"""Save docs/screenshots/cluster.png, node.png and tenant.png from a running demo stack (`make screenshots`).
 
 With --url it photographs a stack that is already running (log in with --user
 and --password, or the password `make run` kept in var/admin-password). Without
@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 OUT = ROOT / "docs" / "screenshots"
 DEMO_NODE = "gpu-a03"
+DEMO_TENANT = "search-team"
 # Long enough for Prometheus (scraping every 15 s) to hold a few points for the charts.
 PROMETHEUS_WARMUP = 65
 
@@ -127,6 +128,56 @@ def seed_demo_fleet(var: Path, redis_url: str) -> None:
         set_admin_state(Node.objects.get(pk=DEMO_NODE), ACTIONS["uncordon"], admin, "burn-in passed")
 
 
+def seed_demo_tenants() -> None:
+    """Three tenants with keys and a day of usage, recorded by the hour as the gateway's sync records it."""
+    from django.utils import timezone
+
+    from gateway import usage
+    from gateway.counted import Counted
+    from gateway.models import ApiKey, Tenant
+
+    rng = random.Random(11)
+    now = timezone.now()
+    tenants = [
+        Tenant.objects.create(
+            name=DEMO_TENANT, tokens_per_day=40_000_000, tokens_per_minute=150_000, requests_per_second=50
+        ),
+        Tenant.objects.create(name="support-bot", tokens_per_day=2_000_000, concurrent_requests=16),
+        Tenant.objects.create(name="batch-eval", active=False),
+    ]
+    for tenant, names in zip(tenants, (["indexer", "web", "notebook"], ["prod"], ["nightly"]), strict=True):
+        for i, name in enumerate(names):
+            key = ApiKey(tenant=tenant, name=name, created_at=now - timedelta(days=30 - 7 * i))
+            key.issue()
+            key.save()
+            if name == "notebook":
+                key.revoke(by="admin")
+    models = [("llama-70b", ["r00", "r01", "r02"]), ("qwen-32b", ["r10", "r11"])]
+    for hours_ago in range(24, -1, -1):
+        # Two minutes back: this minute gets a minute's worth below, not an hour's.
+        at = now - timedelta(hours=hours_ago, minutes=2)
+        # Busier in the working hours of the day, as people are.
+        busy = 0.3 + 0.7 * max(0.0, 1 - abs(at.hour - 14) / 8)
+        counted = {}
+        for tenant, scale in ((DEMO_TENANT, 1.0), ("support-bot", 0.06)):
+            for model, replicas in models:
+                for replica in replicas:
+                    requests = int(rng.uniform(300, 900) * busy * scale) + 1
+                    counted[(tenant, model, replica)] = Counted(
+                        requests, requests * rng.randint(600, 900), requests * rng.randint(150, 300)
+                    )
+        usage.record(counted, now=at)
+    seed_demo_minute()
+
+
+def seed_demo_minute() -> None:
+    """A minute's worth of the demo tenant's tokens, this minute (the page shows it against the minute's budget)."""
+    from gateway import usage
+    from gateway.counted import Counted
+
+    usage.record({(DEMO_TENANT, "llama-70b", "r01"): Counted(45, 45 * 700, 45 * 210)})
+
+
 def save_demo_loads() -> None:
     """Fresh loads for every live node (a load is shown for 60 s only)."""
     from django.utils import timezone
@@ -166,7 +217,7 @@ def save_demo_loads() -> None:
         )
 
 
-def shoot(base: str, user: str, password: str, node: str) -> None:
+def shoot(base: str, user: str, password: str, node: str, tenant: str = DEMO_TENANT) -> None:
     from playwright.sync_api import sync_playwright
 
     OUT.mkdir(parents=True, exist_ok=True)
@@ -195,8 +246,16 @@ def shoot(base: str, user: str, password: str, node: str) -> None:
         dark.locator("#node-charts .chart, #node-charts .history-unavailable").first.wait_for(timeout=15_000)
         dark.wait_for_timeout(500)
         dark.screenshot(path=str(OUT / "node-dark.png"))
+        saved = ["cluster.png", "node.png", "cluster-phone.png", "node-phone.png", "node-dark.png"]
+        answer = page.goto(f"{base}/tenants/{tenant}/")
+        if answer is not None and answer.ok:
+            page.locator("#tenant-charts .chart, #tenant-charts .history-unavailable").first.wait_for(timeout=15_000)
+            page.screenshot(path=str(OUT / "tenant.png"), full_page=False)
+            saved.append("tenant.png")
+        else:
+            print(f"no tenant {tenant!r} to photograph (--tenant)", file=sys.stderr)
         browser.close()
-    print(f"saved cluster.png, node.png, cluster-phone.png, node-phone.png and node-dark.png in {OUT}")
+    print(f"saved {', '.join(saved)} in {OUT}")
 
 
 def demo() -> int:
@@ -214,6 +273,7 @@ def demo() -> int:
         assert password is not None, "a fresh var/ gets a new admin user"
         stack.start_web()
         seed_demo_fleet(var, stack.env["REDIS_URL"])
+        seed_demo_tenants()
         save_demo_loads()
         stack.start(stack.prometheus_part())
         deadline = time.monotonic() + PROMETHEUS_WARMUP
@@ -222,6 +282,7 @@ def demo() -> int:
             save_demo_loads()
             time.sleep(5)
         save_demo_loads()
+        seed_demo_minute()
         shoot(f"http://127.0.0.1:{stack.web_port}", "admin", password, DEMO_NODE)
     finally:
         stack.stop_all()
@@ -234,6 +295,7 @@ def main() -> int:
     parser.add_argument("--user", help="default: the user in var/admin-password")
     parser.add_argument("--password", help="default: the password in var/admin-password")
     parser.add_argument("--node", default=DEMO_NODE, help=f"the node to photograph (default: {DEMO_NODE})")
+    parser.add_argument("--tenant", default=DEMO_TENANT, help=f"the tenant to photograph (default: {DEMO_TENANT})")
     args = parser.parse_args()
     if args.url is None:
         return demo()
@@ -242,7 +304,7 @@ def main() -> int:
         # `make run` keeps "user password" there when it creates the admin.
         kept_user, kept_password = (ROOT / "var" / "admin-password").read_text().split()
         user, password = user or kept_user, password or kept_password
-    shoot(args.url.rstrip("/"), user, password, args.node)
+    shoot(args.url.rstrip("/"), user, password, args.node, args.tenant)
     return 0
 
 

@@ -1,4 +1,5 @@
-"""The stand-in engine under bench.routing and bench.gateway, the real gateway bench.gateway runs, their quick runs."""
+"""The stand-in engine under bench.routing and bench.gateway, the real gateway bench.gateway runs, their quick runs
+(and bench.fairness's)."""
 
 from __future__ import annotations
 
@@ -226,7 +227,7 @@ def test_the_benchmarked_gateway_is_programmed_by_the_sync_checks_keys_and_adds_
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("module", ["bench.routing", "bench.gateway"])
+@pytest.mark.parametrize("module", ["bench.routing", "bench.gateway", "bench.fairness"])
 def test_the_benchmark_runs_to_the_end_in_its_quick_mode(module):
     done = subprocess.run(
         [sys.executable, "-m", module, "--quick"], cwd=ROOT, capture_output=True, text=True, timeout=180
@@ -234,3 +235,38 @@ def test_the_benchmark_runs_to_the_end_in_its_quick_mode(module):
     assert done.returncode == 0, done.stdout + done.stderr
     assert "| --- |" in done.stdout
     assert "errors" in done.stdout
+
+
+def test_the_fixed_engine_answers_what_clients_parse_and_wrk_counts_it_through_the_gateway(tmp_path):
+    """bench.gateway's engine for wrk: a chat completion, its SSE stream and that stream paced, each parsed
+    as an OpenAI client would; through the real gateway wrk counts every request and no error."""
+    from bench.standin import wrk
+    from bench.standin.proxy import Server as StandinServer
+
+    with wrk.FixedEngine("fixed", pace_ms=25) as fixed:
+        answers = {}
+        for kind, stream in (("json", False), ("sse", True), ("paced", True)):
+            body = wrk.chat_body("fixed", stream).encode()
+            started = time.monotonic()
+            status, answers[kind] = asyncio.run(
+                raw(fixed.ports[kind], client.request_bytes("/v1/chat/completions", body, "k"))
+            )
+            took = time.monotonic() - started
+            assert status == 200
+        assert json.loads(answers["json"])["choices"][0]["message"]["content"] == "The capital of France is Paris."
+        for kind in ("sse", "paced"):
+            events = [e.removeprefix(b"data: ") for e in answers[kind].split(b"\n\n") if e]
+            assert events[-1] == b"[DONE]"
+            chunks = [json.loads(e) for e in events[:-1]]
+            text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+            assert text == "The capital of France is Paris." and chunks[-1]["usage"]["completion_tokens"] == 7
+        assert took >= 0.05, "the paced stream sleeps twice, 25 ms each"
+
+        servers = {"fixed": [StandinServer("r1", fixed.ports["json"])]}
+        with RealGateway(desired(servers, "engine-secret", {"t": "tenant-key"})) as gateway:
+            lua = wrk.script(tmp_path, "good", wrk.chat_body("fixed", False), "tenant-key")
+            good = wrk.run(gateway.port, lua, 4, 1)
+            assert good["requests"] > 10 and good["errors"] == 0 and 0 < good["p50"] <= good["p99"]
+            # A wrong key is answered 401 by the gateway, and wrk counts each as an error.
+            bad = wrk.run(gateway.port, wrk.script(tmp_path, "bad", wrk.chat_body("fixed", False), "nope"), 1, 1)
+            assert bad["requests"] > 0 and bad["errors"] == bad["requests"]

@@ -74,6 +74,15 @@ def test_a_shards_engine_is_given_its_deployments_secret_and_llama_server_the_sc
     assert made.engine_secret not in " ".join(specs["llama"].command)
 
 
+def test_an_engine_secret_never_starts_with_a_dash(monkeypatch):
+    # SGLang reads its key back from its --config file as a command-line word: "-…" would be a flag.
+    from inventory.models import deployments
+
+    drawn = iter(["-first", "-second", "third-is-fine"])
+    monkeypatch.setattr(deployments.secrets, "token_urlsafe", lambda n: next(drawn))
+    assert deployments.new_engine_secret() == "third-is-fine"
+
+
 def test_a_served_model_name_defaults_to_the_name_and_is_never_a_path(db):
     assert deployment("plain").served_model_name == "plain"
     for bad in ("/models/x.gguf", "org/model", "two words", "-dash"):

@@ -25,7 +25,7 @@ from devstack import gateway as devgateway
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from gateway import haproxy_config, usage, wanted
-from gateway.haproxy_config import Desired, Frontend, Paths
+from gateway.haproxy_config import Desired, Frontend, Paths, Peering
 from gateway.models import ApiKey, Tenant
 from gateway.runtime import Runtime, RuntimeError_, ask
 from gateway.sync import Sync
@@ -80,11 +80,14 @@ class Gateway:
         directory: Path,
         max_body: int = haproxy_config.MAX_BODY,
         request_timeout: int = haproxy_config.REQUEST_TIMEOUT,
+        peering: Peering | None = None,
     ):
         self.port = free_port()
         self.metrics_port = free_port()
         self.paths = Paths(directory)
-        self.frontend = Frontend(f"127.0.0.1:{self.port}", max_body, request_timeout, f"127.0.0.1:{self.metrics_port}")
+        self.frontend = Frontend(
+            f"127.0.0.1:{self.port}", max_body, request_timeout, f"127.0.0.1:{self.metrics_port}", peering
+        )
         haproxy_config.write_all(self.paths, self.frontend, Desired())
         self.sync = Sync(self.paths, self.frontend, wanted.read, record_usage=usage.record)
         self.start()

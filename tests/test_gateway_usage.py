@@ -1,7 +1,8 @@
-"""Tokens counted at the gateway equal the engine's own counters, per tenant, model and replica.
+"""Tokens counted at the gateway equal the engine's own counters, per tenant, model and replica; streams'
+times to first token as the client sees them, per model and replica.
 
 A real HAProxy with its Lua usage filter, a real demo engine reporting `usage`, and the sync
-taking the totals into the database each pass.
+taking the totals into the database (and its series) each pass.
 """
 
 from __future__ import annotations
@@ -9,12 +10,17 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+import requests
 from prometheus_client import generate_latest
 
 from agent import enginekinds
 from agent.enginekinds.record import StreamUsage
+from devstack.ports import free_port
 from gateway.models import ApiKey, Tenant, Usage
 from gateway.usage import Counted
 from inventory.models import Shard
@@ -105,6 +111,10 @@ def test_usage_counted_equals_the_engines_for_streams_and_whole_answers(gateway,
     labels = f'model="chat",replica="{engine.replica}",tenant="acme"'
     assert f"llmgw_gateway_prompt_tokens_total{{{labels}}} {float(seen['acme'].prompt_tokens)}" in exported
     assert f"llmgw_gateway_completion_tokens_total{{{labels}}} {float(seen['acme'].completion_tokens)}" in exported
+    promtool_clean(exported)
+
+
+def promtool_clean(exported: str) -> None:
     promtool = shutil.which("promtool")
     if promtool:
         checked = subprocess.run([promtool, "check", "metrics"], input=exported, capture_output=True, text=True)
@@ -148,6 +158,108 @@ def test_a_stream_whose_client_did_not_ask_is_not_counted_from_an_engine_that_re
     assert events[-1] == b"data: [DONE]" and not any(b'"usage"' in event for event in events)
     gateway.sync.run_once()
     assert engine.tokens_generated() == 4 and not Usage.objects.exists()
+
+
+def ttft_samples(exported: str, replica: str) -> dict[str, float]:
+    """The gateway's time-to-first-token series for `chat` on `replica`: bucket bounds, count and sum."""
+    name = "llmgw_gateway_time_to_first_token_seconds"
+    samples = {}
+    for line in exported.splitlines():
+        if line.startswith(name) and f'replica="{replica}"' in line and 'served_model="chat"' in line:
+            series, value = line.rsplit(" ", 1)
+            if "_bucket" in series:
+                samples[series.split('le="')[1].split('"')[0]] = float(value)
+            else:
+                samples[series.split("{")[0].removeprefix(name + "_")] = float(value)
+    return samples
+
+
+def test_a_streams_time_to_first_token_lands_in_its_bucket_and_whole_answers_are_not_timed(gateway, db):
+    replica = serve("gw-1", 0)
+    # The engine waits 300 ms (wall clock) before each request's first token.
+    slow = Engine(replica.deployment.engine_secret, 0.1, "--ms-to-first-token", "300")
+    try:
+        Shard.objects.filter(replica=replica).update(port=slow.port)
+        key = key_for("acme")
+        gateway.sync.run_once()
+        client = requests.Session()  # one kept-alive connection
+        body = {"model": "chat", "prompt": "a b", "max_tokens": 3, "stream": True}
+        headers = {"Authorization": f"Bearer {key}"}
+        for i in range(3):
+            if i == 2:
+                # Idle on the kept-alive connection: the next request's time starts when it is sent, not before.
+                time.sleep(1.2)
+            answer = client.post(gateway.url("/v1/completions"), json=body, headers=headers, timeout=10)
+            assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
+        engine_sum = slow.gauge("vllm:time_to_first_token_seconds_sum")
+        whole = client.post(gateway.url("/v1/completions"), json={**body, "stream": False}, headers=headers)
+        assert whole.status_code == 200
+        gateway.sync.run_once()
+        exported = generate_latest(gateway.sync.metrics.registry).decode()
+        seen = ttft_samples(exported, replica.replica_id)
+        # Three streams, none faster than the engine's 300 ms, none counting the idle 1.2 s before it.
+        assert seen["count"] == 3
+        assert seen["0.25"] == 0
+        assert seen["1.0"] == 3 and seen["+Inf"] == 3
+        # The gateway's time holds the engine's own, from its arrival to its first write, for the same streams.
+        assert slow.gauge("vllm:time_to_first_token_seconds_count") == 4
+        assert 0.9 <= seen["sum"] < 3.0
+        assert seen["sum"] >= engine_sum - 0.001
+        promtool_clean(exported)
+        # Taken once: the next pass adds nothing.
+        gateway.sync.run_once()
+        assert ttft_samples(generate_latest(gateway.sync.metrics.registry).decode(), replica.replica_id) == seen
+    finally:
+        slow.stop()
+
+
+class CutUsage(BaseHTTPRequestHandler):
+    """An engine whose stream carries `"usage": null` in every event, and its real usage cut in three pieces,
+    each sent apart from the next (HAProxy forwards each as it comes: the filter sees three); its whole
+    answers come in two pieces, the usage in the second."""
+
+    protocol_version = "HTTP/1.1"
+    PIECES = (
+        b'data: {"choices":[{"text":"a"}],"usage":null}\n\ndata: {"choices":[],"us',
+        b'age": {"prompt_tokens": 7, "compl',
+        b'etion_tokens": 9, "total_tokens": 16}}\n\ndata: [DONE]\n\n',
+    )
+    WHOLE = (b'{"choices":[{"text":"a"}],', b'"usage":{"prompt_tokens":7,"completion_tokens":9,"total_tokens":16}}')
+
+    def do_POST(self) -> None:
+        stream = b'"stream": true' in self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for piece in self.PIECES if stream else self.WHOLE:
+            self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+            self.wfile.flush()
+            time.sleep(0.1)
+        self.wfile.write(b"0\r\n\r\n")
+
+    def log_message(self, format, *args) -> None:
+        pass
+
+
+def test_a_usage_cut_between_pieces_of_an_answer_is_counted_once_whole(gateway, db):
+    replica = serve("gw-1", 0)
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), CutUsage)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        Shard.objects.filter(replica=replica).update(port=server.server_address[1])
+        key = key_for("acme")
+        gateway.sync.run_once()
+        for _ in range(2):
+            answer = gateway.post("/v1/completions", {"model": "chat", "prompt": "x", "stream": True}, key)
+            assert answer.status_code == 200 and answer.text.endswith("data: [DONE]\n\n")
+        whole = gateway.post("/v1/completions", {"model": "chat", "prompt": "x"}, key)
+        assert whole.json()["usage"]["completion_tokens"] == 9
+        gateway.sync.run_once()
+        assert totals(tenant="acme") == Counted(3, 21, 27)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_usage_taken_while_the_database_is_down_is_written_on_a_later_pass(gateway, engine):

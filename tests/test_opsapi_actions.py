@@ -96,9 +96,11 @@ def test_drain_returns_at_once_and_its_progress_is_readable(operate, cluster):
 
 
 def test_deployments_are_created_scaled_and_deleted_and_logged(operate, cluster):
-    created = operate.post("/deployments/", {"name": "llama", "model_source": "llama", "engine": "demo", "replicas": 1})
+    body = {"name": "llama", "model_source": "llama", "engine": "demo", "replicas": 1, "max_in_flight_per_replica": 4}
+    created = operate.post("/deployments/", body)
     assert created.status_code == 201, created.content
     assert created.json()["replicas_wanted"] == 1
+    assert created.json()["max_in_flight_per_replica"] == 4
     reconcile()
     listed = operate.get("/deployments/").json()["results"][0]
     assert listed["replicas"][0]["shards"][0]["node"] == "ready-1"
@@ -134,6 +136,8 @@ def test_a_replica_that_cannot_be_placed_says_why(operate, cluster):
         ({"name": "ok", "model_source": "m", "gpus_per_shard": 0, "gpu_class": "H100-80GB"}, "gpu_class"),
         ({"name": "ok", "model_source": "m", "engine": "command"}, "arguments"),
         ({"name": "ok", "model_source": "m", "arguments": "'unclosed"}, "arguments"),
+        ({"name": "ok", "model_source": "m", "max_in_flight_per_replica": 0}, "max_in_flight_per_replica"),
+        ({"name": "ok", "model_source": "m", "max_in_flight_per_replica": "many"}, "max_in_flight_per_replica"),
     ],
 )
 def test_a_bad_deployment_is_a_400_naming_the_field(operate, db, body, field):

@@ -24,6 +24,8 @@ RULES = Path(__file__).resolve().parent.parent / "deploy" / "rules" / "*.rules.y
 HTMX = {"HTTP_HX_REQUEST": "true"}
 GATEWAY = 'served_model="chat",replica="chat-r1",proxy="m_chat",server="chat-r1"'
 ENGINE = 'node="ready-1",shard="chat-r1-s0",replica="chat-r1",model="org/chat",engine="vllm",served_model="chat"'
+# The gateway's sync labels its time-to-first-token histogram as the engines' targets are labelled.
+SYNC = 'served_model="chat",replica="chat-r1"'
 
 
 class GrowingExposition(ExpositionServer):
@@ -42,9 +44,10 @@ class GrowingExposition(ExpositionServer):
             f"haproxy_server_current_sessions{{{GATEWAY}}} 3\n"
             f'haproxy_backend_http_responses_total{{served_model="chat",proxy="m_chat",code="5xx"}} 0\n'
             f"sglang:gen_throughput{{{ENGINE}}} 41.5\n"
-            # Every first token within 0.1 s: p50 0.05 s and p99 0.099 s, by the histogram's interpolation.
-            f'vllm:time_to_first_token_seconds_bucket{{{ENGINE},le="0.1"}} {n}\n'
-            f'vllm:time_to_first_token_seconds_bucket{{{ENGINE},le="+Inf"}} {n}\n'
+            # Every stream's first token within 0.1 s at the gateway: p50 0.05 s and p99 0.099 s, by the
+            # histogram's interpolation.
+            f'llmgw_gateway_time_to_first_token_seconds_bucket{{{SYNC},le="0.1"}} {n}\n'
+            f'llmgw_gateway_time_to_first_token_seconds_bucket{{{SYNC},le="+Inf"}} {n}\n'
         )
 
     @text.setter
@@ -108,6 +111,8 @@ def test_the_model_page_charts_requests_ttft_tokens_and_in_flight_by_replica(vie
     ttft = dict(zip(charts["ttft"]["series"], (column[-1] for column in charts["ttft"]["values"]), strict=True))
     assert ttft == {"p50": pytest.approx(0.05), "p99": pytest.approx(0.099)}
     assert charts["ttft"]["unit"] == "seconds"
+    assert charts["ttft_replica"]["series"] == ["chat-r1"]
+    assert charts["ttft_replica"]["values"][0][-1] == pytest.approx(0.099)
 
 
 def test_the_model_page_lists_its_replicas_with_requests_in_flight(viewer_client, chat, settings, prometheus):

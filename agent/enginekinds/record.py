@@ -7,6 +7,7 @@ agent's dependencies, and the agent without Django.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -127,6 +128,21 @@ ASKED_ONLY = UsageInStreams("0", StreamUsage.ASKED)
 
 
 @dataclass(frozen=True)
+class KeyFile:
+    """How an engine that reads no variable for its key takes it: from a file of its options.
+
+    The agent writes the file (mode 0600, in its own state directory) and names it on the
+    command line with `flag`, so the key never appears in the process's arguments, which
+    every user of the node can read in /proc. The file holds one option, `option: "<key>"`
+    (YAML; a JSON string is a YAML string).
+    """
+
+    flag: str  # the flag naming the file: SGLang's --config
+    option: str  # the key's option in the file: api-key
+    suffix: str  # the file name's ending the engine insists on: .yaml
+
+
+@dataclass(frozen=True)
 class EngineKind:
     """One engine kind: everything the agent and the control plane know of it."""
 
@@ -146,6 +162,8 @@ class EngineKind:
     needs_model: bool = True
     # The variable it reads its API key from; empty: it reads API_KEY_ENV itself (or has no key).
     api_key_variable: str = ""
+    # Where it reads its key from when no variable does (SGLang: an options file named by --config).
+    api_key_file: KeyFile | None = None
     # Whether it keeps /metrics behind that key too, taking a comma-separated list of keys
     # (llama-server): Prometheus' scrape key then joins the deployment's secret.
     metrics_behind_key: bool = False
@@ -211,6 +229,31 @@ class EngineKind:
         key = version_key(version or self.pinned)
         chosen = [u for u in self.stream_usage if not key or version_key(u.since) <= key]
         return chosen[-1] if chosen else ASKED_ONLY
+
+    def key_file_text(self, env: Mapping[str, str]) -> str:
+        """What the agent writes to the shard's key file: "" when this kind reads no key file or `env` holds no key.
+
+        ValueError for a key the engine would misread: SGLang turns the file back into
+        command-line words, where a key starting with "-" reads as a flag.
+        """
+        key = env.get(API_KEY_ENV, "")
+        if not key or self.api_key_file is None:
+            return ""
+        if key.startswith("-") or any(c in key for c in "\x00\r\n"):
+            raise ValueError(f"{self.label} cannot take an API key that starts with '-' or holds a line break")
+        return f"{self.api_key_file.option}: {json.dumps(key)}\n"
+
+    def with_key_file(self, command: Sequence[str], path: str) -> list[str]:
+        """`command` naming the key file `path`; ValueError when the command names a file of options already."""
+        if self.api_key_file is None:
+            return list(command)
+        flag = self.api_key_file.flag
+        if any(word == flag or word.startswith(f"{flag}=") for word in command):
+            raise ValueError(
+                f"{self.label} reads one {flag} file, and llmgw puts the engine's API key in it: "
+                f"give the options in the deployment's arguments instead of {flag}"
+            )
+        return [*command, flag, path]
 
     def metric_names(self, version: str = "") -> dict[Signal, Source]:
         """The signals it exports at `version` (empty: the newest known); {} when it exports none llmgw reads."""

@@ -1,4 +1,10 @@
-"""SGLang: its launch_server module, installed with pip; metrics only with --enable-metrics."""
+"""SGLang: its launch_server module, installed with pip; metrics only with --enable-metrics.
+
+SGLang reads no variable for its API key, only `--api-key` (visible to every user of the
+node in /proc/PID/cmdline), or the same option from the YAML file `--config` names
+(python/sglang/srt/server_args_config_parser.py, in SGLang since 0.5.3): the agent
+writes the key there. /health and /metrics stay open without it.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +13,7 @@ from agent.enginekinds.record import (
     EngineKind,
     Install,
     Installer,
+    KeyFile,
     Launch,
     Names,
     Signal,
@@ -50,4 +57,7 @@ KIND = EngineKind(
         ASKED_ONLY,
         UsageInStreams("0.5.10", StreamUsage.FLAG, ("--stream-response-default-include-usage",)),
     ),
+    # Only `--config FILE` as two words is read (0.5.3 looks for the word itself), and the file
+    # must end in .yaml or .yml.
+    api_key_file=KeyFile(flag="--config", option="api-key", suffix=".yaml"),
 )

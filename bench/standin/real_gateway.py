@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,18 +23,23 @@ from devstack.ports import free_port, port_open
 from gateway import haproxy_config
 from gateway.haproxy_config import Backend, Desired, Frontend, Paths, Server, key_digest
 from gateway.runtime import Runtime, RuntimeError_, ask
-from gateway.sync import Sync
+from gateway.sync import Sync, loop
 
 
 def desired(
-    models: dict[str, list[StandinServer]], engine_secret: str, keys: dict[str, str], affinity: bool = False
+    models: dict[str, list[StandinServer]],
+    engine_secret: str,
+    keys: dict[str, str],
+    affinity: bool = False,
+    max_in_flight: int = 0,
 ) -> Desired:
-    """One backend per model, a server per stand-in replica; `keys` tenant → key, kept as digests."""
+    """One backend per model, a server per stand-in replica; `keys` tenant → key, kept as digests.
+    `max_in_flight`: the deployments' max in flight per replica (each server's maxconn), 0 for none."""
     backends = {
         model: Backend(
             model,
             engine_secret,
-            tuple(Server(f"{model}-{s.name}", "127.0.0.1", s.port) for s in servers),
+            tuple(Server(f"{model}-{s.name}", "127.0.0.1", s.port, maxconn=max_in_flight) for s in servers),
             prefix_affinity=affinity,
         )
         for model, servers in models.items()
@@ -52,12 +58,19 @@ class RealGateway:
     process: subprocess.Popen | None = None
     # The worker's: the process that carries the requests (the master only watches it).
     pid: int = 0
+    # Seconds between the sync's passes while the gateway runs, as gateway_sync does (fair shares follow
+    # the tenants' requests); 0: the one pass that programs it.
+    sync_every: float = 0.0
 
     def __post_init__(self) -> None:
         self.port = free_port()
         self.paths = Paths(Path(tempfile.mkdtemp(prefix="bench-gateway-")))
         self.frontend = Frontend(f"127.0.0.1:{self.port}", self.max_body)
         self.runtime = Runtime(self.paths.admin_socket, self.paths.master_socket)
+        # The benchmark keeps no usage: what HAProxy counted is taken and dropped.
+        self.sync = Sync(self.paths, self.frontend, lambda: self.wanted, record_usage=lambda counted: None)
+        self.stopping = threading.Event()
+        self.syncing: threading.Thread | None = None
 
     def __enter__(self) -> RealGateway:
         # As a new gateway starts: an empty config first, then the sync brings the backends and servers.
@@ -72,19 +85,26 @@ class RealGateway:
             wait_until(lambda: process.poll() is not None or self.listening(), 10, "the gateway to listen")
             if process.poll() is not None:
                 raise RuntimeError(f"haproxy exited: {process.communicate()[1].decode()}")
-            # The benchmark keeps no usage: what HAProxy counted is taken and dropped.
-            done = Sync(self.paths, self.frontend, lambda: self.wanted, record_usage=lambda counted: None).run_once()
+            done = self.sync.run_once()
             if done.errors:
                 raise RuntimeError(f"the gateway's sync failed: {done.errors}")
             # Measured from the worker the reload started, once the old one has gone.
             wait_until(lambda: "# old workers" not in self.processes(), 10, "the old HAProxy worker to leave")
             self.pid = self.runtime.worker_pid()
+            if self.sync_every:
+                self.syncing = threading.Thread(
+                    target=loop, args=(self.sync, self.sync_every, self.stopping.is_set), daemon=True
+                )
+                self.syncing.start()
         except BaseException:
             self.__exit__()
             raise
         return self
 
     def __exit__(self, *exc) -> None:
+        self.stopping.set()
+        if self.syncing:
+            self.syncing.join(10)
         if self.process and self.process.poll() is None:
             self.process.terminate()
             self.process.wait(10)

@@ -43,7 +43,11 @@ SERVED_MODEL_VALIDATOR = RegexValidator(
 
 
 def new_engine_secret() -> str:
-    return secrets.token_urlsafe(32)
+    """256 random bits, URL-safe, never starting with "-": an engine that reads its key back as a
+    command-line word (SGLang's --config file) would take such a key for a flag."""
+    while (secret := secrets.token_urlsafe(32)).startswith("-"):
+        pass
+    return secret
 
 
 # The engine kinds the control plane may place, from their records (agent/enginekinds/): Engine.VLLM, Engine.DEMO...
@@ -99,6 +103,14 @@ class Deployment(models.Model):
         default=False,
         help_text="Send requests that start alike to the same replica, within a bound on its load, "
         "so an engine that caches prompts reuses them (docs/gateway.md).",
+    )
+    max_in_flight_per_replica = models.PositiveIntegerField(
+        "max in flight per replica",
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(100_000)],
+        help_text="Requests each gateway sends one replica at once (its slots, say); beyond it the gateway queues "
+        "them and serves tenants under their fair share first (docs/gateway.md). Empty: no limit.",
     )
     model_source = models.CharField(
         max_length=1024,

@@ -6,6 +6,8 @@ from functools import lru_cache
 
 from django import template
 from django.template.loader import render_to_string
+from django.utils.html import format_html
+from django.utils.safestring import SafeString, mark_safe
 
 from inventory.models import STATE_COLOURS, NodeState
 
@@ -61,3 +63,21 @@ def _badge(value: str) -> str:
     # A badge depends on its state alone, and a table shows a hundred: render each state once.
     state = NodeState(value)
     return render_to_string("partials/state_badge.html", {"state": state, "colour": STATE_COLOURS[state]})
+
+
+@register.filter
+def thousands(value: int | float | None) -> str:
+    """A count with thousands separated (1,234,567), as the docs write them; "—" when unknown."""
+    if value is None:
+        return "—"
+    return f"{value:,.0f}"
+
+
+@register.simple_tag
+def limit(value: int | None) -> SafeString:
+    """A tenant's limit as the tenant pages show it: "no limit" when empty, and what a limit of 0 means."""
+    if value is None:
+        return mark_safe('<span class="muted">no limit</span>')
+    if value == 0:
+        return mark_safe('<span class="bad">0: every request refused</span>')
+    return format_html('<span class="num">{}</span>', thousands(value))

@@ -1,7 +1,7 @@
 """The model page `/models/<served model>/`: what the gateway did for one served model, by replica.
 
 Its replicas and their requests in flight at the gateways refresh every 5 s (`model-live`);
-the charts (requests/s, errors, time to first token p50/p99, tokens/s, in flight) load after
+the charts (requests/s, errors, time to first token p50/p99 and p99 by replica, tokens/s, in flight) load after
 the page and refresh every 30 s from their own URL, as the node page's do, over the range the
 page's URL chose. Without Prometheus the page still lists the replicas and says why the
 numbers are missing.

@@ -19,6 +19,7 @@ class DeploymentInput(serializers.ModelSerializer):
             "name",
             "served_model_name",
             "prefix_affinity",
+            "max_in_flight_per_replica",
             "model_source",
             "engine",
             "arguments",
@@ -63,6 +64,11 @@ class DeploymentSerializer(serializers.Serializer):
     served_model_name = serializers.CharField(help_text="What clients send as `model` through the gateway.")
     prefix_affinity = serializers.BooleanField(
         help_text="Requests that start alike go to the same replica, within a bound on its load."
+    )
+    max_in_flight_per_replica = serializers.IntegerField(
+        allow_null=True,
+        help_text="Requests each gateway sends one replica at once; beyond it the gateway queues them, tenants "
+        "under their fair share first. Null: no limit.",
     )
     model_source = serializers.CharField()
     engine = serializers.ChoiceField(choices=Engine.choices)
