@@ -7,7 +7,9 @@ request in proportion to `max_tokens`, and `GET /metrics` with gauges named as v
 names them (`vllm:num_requests_running`, `vllm:num_requests_waiting`), so the agent,
 Prometheus and the pages have something real to measure. The "text" it returns is
 made up. With `LLMGW_ENGINE_API_KEY` set, as the agent starts it, `/v1/` requests
-must carry it as `Authorization: Bearer …`, as llama-server's and vLLM's do.
+must carry it as `Authorization: Bearer …`, as llama-server's and vLLM's do. A stream
+ends with its `usage` when the request asks (`stream_options.include_usage`), or always
+with `--enable-force-include-usage`, as vLLM (0.11.1 to 0.18) does.
 """
 
 from __future__ import annotations
@@ -172,6 +174,8 @@ class Handler(BaseHTTPRequestHandler):
     engine: Engine
     # Empty: every request is answered (a demo started by hand).
     api_key: str = ""
+    # Every stream ends with its usage, asked or not.
+    force_include_usage: bool = False
     protocol_version = "HTTP/1.1"
     disable_nagle_algorithm = True
 
@@ -207,7 +211,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         if request.get("stream") is True:
             options = request.get("stream_options")
-            usage = isinstance(options, dict) and options.get("include_usage") is True
+            usage = self.force_include_usage or (isinstance(options, dict) and options.get("include_usage") is True)
             self._stream(prompt, max_tokens, chat, usage)
         elif chat:
             self._json(200, self._chat(self.engine.complete(prompt, max_tokens)))
@@ -238,8 +242,8 @@ class Handler(BaseHTTPRequestHandler):
     def _stream(self, prompt: str, max_tokens: int, chat: bool, usage: bool = False) -> None:
         """Server-sent events, one per word, then `[DONE]`: the shape OpenAI clients read.
 
-        With `stream_options: {"include_usage": true}`, as OpenAI and vLLM do, a last event before
-        `[DONE]` has no choices and the request's `usage`.
+        With `stream_options: {"include_usage": true}` (or `--enable-force-include-usage`), as OpenAI
+        and vLLM do, a last event before `[DONE]` has no choices and the request's `usage`.
         """
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:12]}"
         self.send_response(200)
@@ -313,6 +317,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kib-per-token", type=int, default=64, help="memory held per token while a request runs")
     parser.add_argument("--max-running", type=int, default=4, help="requests served at once; the rest wait")
     parser.add_argument("--ms-between-tokens", type=float, default=0, help="wall-clock pause between tokens")
+    parser.add_argument(
+        "--enable-force-include-usage",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="end every stream with its usage, asked or not (vLLM's flag)",
+    )
     parser.add_argument("--ms-to-first-token", type=float, default=0, help="wall-clock pause before the first token")
     args = parser.parse_args(argv)
     Handler.engine = Engine(
@@ -324,6 +334,7 @@ def main(argv: list[str] | None = None) -> None:
         args.ms_to_first_token,
     )
     Handler.api_key = os.environ.get("LLMGW_ENGINE_API_KEY", "")
+    Handler.force_include_usage = args.enable_force_include_usage
     Server((args.host, args.port), Handler).serve_forever()
 
 

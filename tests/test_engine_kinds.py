@@ -17,6 +17,7 @@ import pytest
 from agent import config as agent_config
 from agent import enginekinds
 from agent.enginekinds import Launch, Signal
+from agent.enginekinds.record import StreamUsage
 from agent.provision import Want
 from agent.shard_config import EngineName
 from inventory import desired, engine_wants
@@ -96,6 +97,47 @@ def test_the_version_chooses_the_template(version, head):
 def test_an_installed_binary_replaces_the_program():
     argv = enginekinds.command_line("vllm", Launch("/m"), prefix=["/var/lib/llmgw/engines/vllm/0.11.0/bin/vllm"])
     assert argv[:2] == ["/var/lib/llmgw/engines/vllm/0.11.0/bin/vllm", "serve"]
+
+
+@pytest.mark.parametrize(
+    ("engine", "version", "how", "flag"),
+    [
+        # vLLM's flag ends a stream without stream_options with usage from 0.11.1 (before, only a
+        # stream that had them); from 0.19.0 it also puts usage on every event: not given then.
+        ("vllm", "", StreamUsage.ASKED, None),
+        ("vllm", "0.11.0", StreamUsage.ASKED, None),
+        ("vllm", "0.11.1", StreamUsage.FLAG, "--enable-force-include-usage"),
+        ("vllm", "0.18.1", StreamUsage.FLAG, "--enable-force-include-usage"),
+        ("vllm", "0.19.0", StreamUsage.ASKED, None),
+        ("sglang", "", StreamUsage.ASKED, None),
+        ("sglang", "0.5.10", StreamUsage.FLAG, "--stream-response-default-include-usage"),
+        ("llama.cpp", "", StreamUsage.ASKED, None),
+        ("demo", "", StreamUsage.FLAG, "--enable-force-include-usage"),
+    ],
+)
+def test_the_version_chooses_how_streams_report_usage_and_the_flag_that_makes_them(engine, version, how, flag):
+    kind = enginekinds.get(engine)
+    assert kind.usage_in_streams(version).how == how
+    argv = kind.command_line(Launch("/m", 9000, extra=("--x",)), version)
+    if flag:
+        # Before the operator's own arguments, so that theirs win (vLLM: --no-enable-force-include-usage).
+        assert argv[-2:] == [flag, "--x"]
+    else:
+        assert not [word for word in argv if "usage" in word]
+
+
+def test_the_engines_doc_tells_each_kinds_stream_usage_as_its_record_does():
+    """docs/engines.md's table, row for row, from the records (version ranges from their `since`)."""
+    rows = []
+    for kind in enginekinds.KINDS:
+        entries = kind.stream_usage
+        for entry, following in zip(entries, [*entries[1:], None], strict=True):
+            versions = [f"≥ {entry.since}" if entry.since != "0" else "", f"< {following.since}" if following else ""]
+            flags = " ".join(f"`{flag}`" for flag in entry.flags) or "—"
+            rows.append(f"| `{kind.name}` | {', '.join(v for v in versions if v) or 'all'} | {entry.how} | {flags} |")
+    text = (ROOT / "docs" / "engines.md").read_text()
+    missing = [row for row in rows if row not in text]
+    assert not missing, "\n".join(missing)
 
 
 def test_the_command_engine_fills_in_port_and_model():
@@ -217,6 +259,7 @@ def test_the_demo_engine_is_an_ordinary_record():
         "8100",
         "--model",
         "chat",
+        "--enable-force-include-usage",
     ]
     assert demo.runs(spec.command) and demo.install is None and demo.readiness is enginekinds.Readiness.HEALTH
     # It exports vLLM's names, so its shards chart like vLLM's.

@@ -1,4 +1,5 @@
-"""A factual question through the gateway with a tenant's key, answered by a real engine running a real model.
+"""A factual question through the gateway with a tenant's key, answered by a real engine running a real model,
+and its tokens counted as the engine counts them.
 
 llama-server (the agent's install, from the shared cache) serves SmolLM2-135M-Instruct with its
 deployment's secret set as the agent sets it (LLMGW_ENGINE_API_KEY, which the engine record's
@@ -20,10 +21,10 @@ import requests
 
 from agent import enginekinds
 from agent.enginekinds import Launch
-from agent.enginekinds.record import API_KEY_ENV
+from agent.enginekinds.record import API_KEY_ENV, StreamUsage
 from devstack.polling import wait_until
 from devstack.ports import free_port
-from gateway.models import ApiKey, Tenant
+from gateway.models import ApiKey, Tenant, Usage
 from inventory.models import Shard
 from tests.test_engine_llama_cpp import DEMO_ARGUMENTS, VERSION, healthy, llama_server, model  # noqa: F401
 from tests.test_gateway import Gateway, serve
@@ -61,10 +62,21 @@ def engine_requests(port: int, secret: str) -> float:
     )
 
 
-def ask(gateway: Gateway, body: dict, key: str | None, stream: bool = False) -> requests.Response:
+def engine_tokens(port: int, secret: str) -> tuple[float, float]:
+    """What the engine has counted: prompt tokens (read and taken from its cache) and tokens predicted."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", headers={"Authorization": f"Bearer {secret}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        values = dict(line.rsplit(" ", 1) for line in response.read().decode().splitlines() if line[:1] != "#")
+    prompt = float(values["llamacpp:prompt_tokens_total"]) + float(values["llamacpp:prompt_tokens_cached_total"])
+    return prompt, float(values["llamacpp:tokens_predicted_total"])
+
+
+def ask(
+    gateway: Gateway, body: dict, key: str | None, stream: bool = False, path: str = "/v1/chat/completions"
+) -> requests.Response:
     # Generation on two shared cores: longer than the other gateway tests' 10 s.
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return requests.post(gateway.url("/v1/chat/completions"), json=body, headers=headers, stream=stream, timeout=300)
+    return requests.post(gateway.url(path), json=body, headers=headers, stream=stream, timeout=300)
 
 
 @pytest.mark.django_db
@@ -105,6 +117,66 @@ def test_the_capital_of_france_through_the_gateway_with_a_key(llama_server, mode
             if chunk["choices"]
         )
         assert "Paris" in words, words
+    finally:
+        gateway.stop()
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def stream_events(answer: requests.Response) -> list[dict]:
+    assert answer.status_code == 200, answer.text
+    events = [line.removeprefix(b"data: ") for line in answer.iter_lines() if line]
+    assert events[-1] == b"[DONE]"
+    return [json.loads(event) for event in events[:-1]]
+
+
+@pytest.mark.django_db
+def test_streams_are_counted_as_the_engine_counts_them_where_it_reports_usage(llama_server, model, tmp_path):  # noqa: F811
+    """llama-server's record says ASKED: its chat streams report usage only when asked, so only those are
+    counted; its /v1/completions streams always end with usage, asked or not."""
+    assert enginekinds.get("llama.cpp").usage_in_streams(VERSION).how == StreamUsage.ASKED
+    replica = serve("cpu-node", 0, served="smollm2")
+    secret = replica.deployment.engine_secret
+    tenant_key = ApiKey(tenant=Tenant.objects.create(name="acme"))
+    key = tenant_key.issue()
+    tenant_key.save()
+    process, port = start_engine(llama_server, model, secret)
+    gateway = Gateway(tmp_path / "gw")
+    try:
+        wait_until(lambda: process.poll() is not None or healthy(port), 300, "the model to load")
+        assert process.poll() is None, "llama-server exited"
+        Shard.objects.filter(replica=replica).update(port=port)
+        gateway.program()
+        chat = {**QUESTION, "max_tokens": 8, "stream": True}
+
+        # A chat stream whose client did not ask: no usage, not counted (the engine still counted it).
+        before = engine_tokens(port, secret)
+        events = stream_events(ask(gateway, chat, key, stream=True))
+        assert not [event for event in events if "usage" in event]
+
+        # Its counters move when its slot is released, just after the last event: polled.
+        def moved() -> bool:
+            return all(now > then for now, then in zip(engine_tokens(port, secret), before, strict=True))
+
+        wait_until(moved, 10, "the engine to count the stream")
+        gateway.sync.run_once()
+        assert not Usage.objects.exists()
+
+        # A completions stream whose client did not ask, and a chat stream whose client did: counted,
+        # equal to what the engine counted for them.
+        before = engine_tokens(port, secret)
+        completion = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 8, "stream": True}
+        reported = [stream_events(ask(gateway, completion, key, stream=True, path="/v1/completions"))[-1]["usage"]]
+        asked = stream_events(ask(gateway, {**chat, "stream_options": {"include_usage": True}}, key, stream=True))
+        assert asked[-1]["choices"] == []
+        reported.append(asked[-1]["usage"])
+        gateway.sync.run_once()
+        rows = list(Usage.objects.all())
+        counted = (sum(row.prompt_tokens for row in rows), sum(row.completion_tokens for row in rows))
+        assert sum(row.requests for row in rows) == 2
+        assert counted == (sum(u["prompt_tokens"] for u in reported), sum(u["completion_tokens"] for u in reported))
+        engine = (before[0] + counted[0], before[1] + counted[1])
+        wait_until(lambda: engine_tokens(port, secret) == engine, 10, f"the engine's counters at {engine}")
     finally:
         gateway.stop()
         os.killpg(process.pid, signal.SIGKILL)

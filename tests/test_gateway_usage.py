@@ -18,6 +18,8 @@ import pytest
 import requests
 from prometheus_client import generate_latest
 
+from agent import enginekinds
+from agent.enginekinds.record import StreamUsage
 from devstack.ports import free_port
 from gateway.models import ApiKey, Tenant, Usage
 from gateway.usage import Counted
@@ -41,13 +43,27 @@ def key_for(name: str) -> str:
     return secret
 
 
-@pytest.fixture
-def engine(gateway, db):
+def start_engine(gateway, *options):
     replica = serve("gw-1", 0)
-    running = Engine(replica.deployment.engine_secret)
+    running = Engine(replica.deployment.engine_secret, 0.1, *options)
     Shard.objects.filter(replica=replica).update(port=running.port)
     gateway.sync.run_once()
     running.replica = replica.replica_id
+    return running
+
+
+@pytest.fixture
+def engine(gateway, db):
+    """A demo engine started by hand: a stream ends with its usage only when the client asks."""
+    running = start_engine(gateway)
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def engine_as_deployed(gateway, db):
+    """A demo engine with the flags its record gives every shard (as an agent starts it)."""
+    running = start_engine(gateway, *enginekinds.get("demo").usage_in_streams().flags)
     yield running
     running.stop()
 
@@ -103,6 +119,45 @@ def promtool_clean(exported: str) -> None:
     if promtool:
         checked = subprocess.run([promtool, "check", "metrics"], input=exported, capture_output=True, text=True)
         assert checked.returncode == 0 and not checked.stdout.strip(), checked.stdout + checked.stderr
+
+
+def test_streams_whose_clients_did_not_ask_for_usage_are_counted_from_an_engine_started_as_its_record_says(
+    gateway, engine_as_deployed
+):
+    assert enginekinds.get("demo").usage_in_streams().how == StreamUsage.FLAG
+    key = key_for("acme")
+    gateway.sync.run_once()
+    seen = Counted()
+    for i in range(1, 7):
+        if i % 2:
+            path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "w " * i}]}
+        else:
+            path, body = "/v1/completions", {"prompt": "w " * i}
+        body.update(model="chat", max_tokens=i, stream=True)
+        if i % 3 == 0:
+            body["stream_options"] = {"include_usage": False}  # declined: counted all the same, as vLLM does
+        events = [line.removeprefix(b"data: ") for line in gateway.post(path, body, key, stream=True).iter_lines()]
+        events = [json.loads(event) for event in events if event and event != b"[DONE]"]
+        # What a client that did not ask sees: one more event, with no choices, as OpenAI sends when asked.
+        *answer, last = events
+        assert last["choices"] == [] and all(event["choices"] and "usage" not in event for event in answer)
+        seen.add(Counted(1, last["usage"]["prompt_tokens"], last["usage"]["completion_tokens"]))
+    gateway.sync.run_once()
+    assert totals() == seen
+    assert seen.prompt_tokens == engine_as_deployed.gauge("vllm:prompt_tokens_total") > 0
+    assert seen.completion_tokens == engine_as_deployed.tokens_generated() == sum(range(1, 7))
+
+
+def test_a_stream_whose_client_did_not_ask_is_not_counted_from_an_engine_that_reports_usage_only_when_asked(
+    gateway, engine
+):
+    key = key_for("acme")
+    gateway.sync.run_once()
+    body = {"model": "chat", "prompt": "a b c", "max_tokens": 4, "stream": True}
+    events = [line for line in gateway.post("/v1/completions", body, key, stream=True).iter_lines() if line]
+    assert events[-1] == b"data: [DONE]" and not any(b'"usage"' in event for event in events)
+    gateway.sync.run_once()
+    assert engine.tokens_generated() == 4 and not Usage.objects.exists()
 
 
 def ttft_samples(exported: str, replica: str) -> dict[str, float]:

@@ -104,6 +104,29 @@ class Install:
     package: str = ""  # the PyPI distribution, for PIP_VENV
 
 
+class StreamUsage(StrEnum):
+    """Whether a stream whose client did not ask for usage (`stream_options.include_usage`) still reports it.
+
+    The gateway counts a stream's tokens from the `usage` of its last event
+    (deploy/gateway_usage.lua); a stream without one is not counted.
+    """
+
+    ALWAYS = "always"
+    FLAG = "always, when started with its flag"
+    ASKED = "only when the client asks"  # the gateway counts no other stream
+
+
+@dataclass(frozen=True)
+class UsageInStreams:
+    since: str  # the first engine version this applies to
+    how: StreamUsage
+    # FLAG: what the shard's command line gains (before the operator's own arguments, which win).
+    flags: tuple[str, ...] = ()
+
+
+ASKED_ONLY = UsageInStreams("0", StreamUsage.ASKED)
+
+
 @dataclass(frozen=True)
 class KeyFile:
     """How an engine that reads no variable for its key takes it: from a file of its options.
@@ -144,6 +167,8 @@ class EngineKind:
     # Whether it keeps /metrics behind that key too, taking a comma-separated list of keys
     # (llama-server): Prometheus' scrape key then joins the deployment's secret.
     metrics_behind_key: bool = False
+    # Oldest first, like the templates: how its streams come to report usage to the gateway.
+    stream_usage: tuple[UsageInStreams, ...] = (ASKED_ONLY,)
 
     @property
     def free_form(self) -> bool:
@@ -173,7 +198,8 @@ class EngineKind:
             words = [*(prefix or ()), *launch.extra]
             return [word.replace("{port}", str(launch.port)).replace("{model}", launch.model) for word in words]
         chosen = self.template(version)
-        return [*(prefix or chosen.program), *chosen.lead, *chosen.arguments(launch), *launch.extra]
+        usage = self.usage_in_streams(version)
+        return [*(prefix or chosen.program), *chosen.lead, *chosen.arguments(launch), *usage.flags, *launch.extra]
 
     def runs(self, command: Sequence[str], allowed_programs: Sequence[str] = ()) -> bool:
         """Whether an agent may execute `command` as a shard of this kind.
@@ -197,6 +223,12 @@ class EngineKind:
             scrape = out.get(SCRAPE_KEY_ENV, "")
             out[self.api_key_variable] = f"{key},{scrape}" if scrape and self.metrics_behind_key else key
         return out
+
+    def usage_in_streams(self, version: str = "") -> UsageInStreams:
+        """How its streams report usage at `version` (empty: the pinned one, else the newest known)."""
+        key = version_key(version or self.pinned)
+        chosen = [u for u in self.stream_usage if not key or version_key(u.since) <= key]
+        return chosen[-1] if chosen else ASKED_ONLY
 
     def key_file_text(self, env: Mapping[str, str]) -> str:
         """What the agent writes to the shard's key file: "" when this kind reads no key file or `env` holds no key.

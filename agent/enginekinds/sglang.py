@@ -9,6 +9,7 @@ writes the key there. /health and /metrics stay open without it.
 from __future__ import annotations
 
 from agent.enginekinds.record import (
+    ASKED_ONLY,
     EngineKind,
     Install,
     Installer,
@@ -17,7 +18,9 @@ from agent.enginekinds.record import (
     Names,
     Signal,
     Source,
+    StreamUsage,
     Template,
+    UsageInStreams,
     serving,
 )
 
@@ -49,6 +52,11 @@ KIND = EngineKind(
         ),
     ),
     install=Install(Installer.PIP_VENV, pinned="0.5.3", default_variant="cuda", package="sglang"),
+    # The flag came in 0.5.10 (server_args.py); before, a stream reports usage only when asked.
+    stream_usage=(
+        ASKED_ONLY,
+        UsageInStreams("0.5.10", StreamUsage.FLAG, ("--stream-response-default-include-usage",)),
+    ),
     # Only `--config FILE` as two words is read (0.5.3 looks for the word itself), and the file
     # must end in .yaml or .yml.
     api_key_file=KeyFile(flag="--config", option="api-key", suffix=".yaml"),

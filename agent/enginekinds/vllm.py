@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
-from agent.enginekinds.record import EngineKind, Install, Installer, Launch, Names, Signal, Source, Template, serving
+from agent.enginekinds.record import (
+    ASKED_ONLY,
+    EngineKind,
+    Install,
+    Installer,
+    Launch,
+    Names,
+    Signal,
+    Source,
+    StreamUsage,
+    Template,
+    UsageInStreams,
+    serving,
+)
 
 
 def _parallelism(launch: Launch) -> list[str]:
@@ -32,6 +45,12 @@ METRICS_BEFORE_0_10 = {
 }
 METRICS = {**METRICS_BEFORE_0_10, Signal.KV_CACHE_USAGE: Source("vllm:kv_cache_usage_perc")}
 
+# --enable-force-include-usage (0.9.2) ended every stream with its usage only when the request had
+# stream_options; from 0.11.1 also without (vllm/entrypoints/utils.py, should_include_usage). From
+# 0.19.0 it also puts the running usage on every event, of which the gateway would count the first.
+FORCED_USAGE = UsageInStreams("0.11.1", StreamUsage.FLAG, ("--enable-force-include-usage",))
+STREAM_USAGE = (ASKED_ONLY, FORCED_USAGE, UsageInStreams("0.19.0", StreamUsage.ASKED))
+
 KIND = EngineKind(
     name="vllm",
     label="vLLM",
@@ -43,4 +62,5 @@ KIND = EngineKind(
     metrics=(Names("0", METRICS_BEFORE_0_10), Names("0.10.0", METRICS)),
     install=Install(Installer.PIP_VENV, pinned="0.11.0", default_variant="cuda", package="vllm"),
     api_key_variable="VLLM_API_KEY",
+    stream_usage=STREAM_USAGE,
 )
