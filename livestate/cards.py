@@ -27,7 +27,6 @@ from collections.abc import Callable
 import msgspec
 import redis
 from django.db import transaction
-from redis.client import Pipeline
 
 import livestate
 from livestate import keys
@@ -61,9 +60,9 @@ def decode(raw: bytes) -> NodeCard:
     return _decoder.decode(raw)
 
 
-def store(pipe: Pipeline, card: NodeCard) -> None:
-    """Queue the card on a pipeline the caller sends anyway."""
-    pipe.set(keys.card(card.node_id), _encoder.encode(card), ex=CARD_TTL_SECONDS)
+def encode(card: NodeCard) -> bytes:
+    """The card as it is stored (livestate/heartbeats.py stores it in its own script call)."""
+    return _encoder.encode(card)
 
 
 def store_current(node_id: str, read: Callable[[int], NodeCard | None]) -> None:

@@ -13,7 +13,6 @@ import logging
 
 import msgspec
 import redis
-from redis.client import Pipeline
 
 import livestate
 from agent import protocol
@@ -78,15 +77,15 @@ def read(node_id: str) -> tuple[tuple[int, int] | None, bytes | None]:
     return shardversion.parse(versions), raw
 
 
-def queue_store(pipe: Pipeline | redis.Redis, node_id: str, cached: CachedShards) -> None:
-    """Queue the list's caching on a pipeline the caller sends anyway (on a client: cache it now)."""
-    pipe.set(keys.node_shards(node_id), _encoder.encode(cached), ex=CACHE_TTL_SECONDS)
+def encode(cached: CachedShards) -> bytes:
+    """The list as it is stored (livestate/heartbeats.py stores it in its own script call)."""
+    return _encoder.encode(cached)
 
 
 def store(node_id: str, cached: CachedShards) -> None:
     """Cache the list; losing it to a Redis outage costs only a database read later."""
     try:
-        queue_store(livestate.client(), node_id, cached)
+        livestate.client().set(keys.node_shards(node_id), encode(cached), ex=CACHE_TTL_SECONDS)
     except redis.RedisError as exc:
         log.warning("shards of %s not cached: %s", node_id, exc)
 
