@@ -79,9 +79,9 @@ def record(
         load_lines=load.lines if load else b"",
         load_expiry=loadstore.expiry_seconds(),
         card=cards.encode(card) if card is not None else b"",
-        card_expiry=cards.CARD_TTL_SECONDS,
+        card_expiry=cards.expiry(),
         shards=shardlists.encode(shards) if shards is not None else b"",
-        shards_expiry=shardlists.CACHE_TTL_SECONDS,
+        shards_expiry=shardlists.expiry(),
         increments=len(increments) // 3,
     )
     _record(script_keys, [*args, *increments])

@@ -10,6 +10,7 @@ that changes nothing reads it in the beat script's round trip instead
 from __future__ import annotations
 
 import logging
+import random
 
 import msgspec
 import redis
@@ -23,6 +24,16 @@ log = logging.getLogger(__name__)
 # Only a backstop for a version bump lost to a Redis outage; every node reading
 # the database this often costs a 10,000-node fleet about 30 queries a second.
 CACHE_TTL_SECONDS = 300
+
+
+def expiry() -> int:
+    """Seconds a list cached now is kept: drawn between half of CACHE_TTL_SECONDS and all of it.
+
+    Lists cached within one interval (a fleet's first beats, or after Redis lost its
+    data) would otherwise all expire within one interval, and the whole fleet read
+    its shards from the database at once, every CACHE_TTL_SECONDS (livestate.cards.expiry).
+    """
+    return random.randint(CACHE_TTL_SECONDS // 2, CACHE_TTL_SECONDS)
 
 
 class ReplicaName(msgspec.Struct, array_like=True):
@@ -85,7 +96,7 @@ def encode(cached: CachedShards) -> bytes:
 def store(node_id: str, cached: CachedShards) -> None:
     """Cache the list; losing it to a Redis outage costs only a database read later."""
     try:
-        livestate.client().set(keys.node_shards(node_id), encode(cached), ex=CACHE_TTL_SECONDS)
+        livestate.client().set(keys.node_shards(node_id), encode(cached), ex=expiry())
     except redis.RedisError as exc:
         log.warning("shards of %s not cached: %s", node_id, exc)
 
