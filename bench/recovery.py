@@ -33,7 +33,7 @@ partition (the fleet silent for `--silence` s, the control plane up), Redis
 flushed, Redis restarted with and without its data, PostgreSQL restarted.
 Each is reported second by second until the fleet is back (answered, p99,
 beats not sent in time, failures, flaps) with a summary line
-(bench/fleetlib/disruptions.py); writes bench/results/recovery-cases.json.
+(bench/fleetlib/disruptions.py); writes bench/results/recovery-cases-NODES.json.
 """
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ def run_cases(args: argparse.Namespace) -> int:
             f"{s['worst_second_p99_ms']} ms | "
             f"{s['not_in_time']} | {s['failed']} | {s['flaps']} |"
         )
-    out = RESULTS.with_name("recovery-cases.json")
+    out = RESULTS.with_name(f"recovery-cases-{args.nodes}.json")
     out.write_text(
         json.dumps(
             {
