@@ -22,6 +22,18 @@ With `--disruption-threshold 1` the sweep believes the fleet's silence (the
 rule that marks nobody while no heartbeat arrives is off), so the outage
 marks every node unreachable and the return measures their revival in bulk;
 that run writes bench/results/recovery-revivals.json.
+
+    python -m bench.recovery --cases all [--nodes 10000] [--silence 210] [--watch 60]
+    python -m bench.recovery --cases partition,flushed …
+
+`--cases` runs issue 25's moments instead, on one stack with a PostgreSQL
+cluster and a Redis of its own (they are flushed and restarted), with the
+paced fleet of bench.heartbeat: the first beats after registration, a
+partition (the fleet silent for `--silence` s, the control plane up), Redis
+flushed, Redis restarted with and without its data, PostgreSQL restarted.
+Each is reported second by second until the fleet is back (answered, p99,
+beats not sent in time, failures, flaps) with a summary line
+(bench/fleetlib/disruptions.py); writes bench/results/recovery-cases-NODES.json.
 """
 
 from __future__ import annotations
@@ -39,6 +51,7 @@ from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+from bench.fleetlib import disruptions
 from bench.soaklib.fleet import Fleet
 from bench.soaklib.postgres import recreate_database
 from devstack.ports import free_port
@@ -214,6 +227,49 @@ def report(args: argparse.Namespace, result: dict) -> None:
     out.write_text(json.dumps(figures, indent=2) + "\n")
 
 
+def run_cases(args: argparse.Namespace) -> int:
+    args.cases = list(disruptions.CASES) if args.cases == "all" else args.cases.split(",")
+    unknown = set(args.cases) - set(disruptions.CASES)
+    if unknown:
+        print(f"unknown cases: {', '.join(sorted(unknown))} (known: {', '.join(disruptions.CASES)})", file=sys.stderr)
+        return 2
+    load_before = os.getloadavg()
+    recovery = disruptions.Recovery(args)
+    try:
+        results = recovery.run()
+    finally:
+        recovery.stop()
+    print("\n| case | back after | answered of due | answered/s degraded | worst p99 | not in time | failed | flaps |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for result in results:
+        s = result["summary"]
+        print(
+            f"| {s['case']} | {s['back_after_s']} s | {s['answered']} of {s['due']} | "
+            f"{s['answered_per_second_while_degraded']} of {s['due_per_second_while_degraded']} | "
+            f"{s['worst_second_p99_ms']} ms | "
+            f"{s['not_in_time']} | {s['failed']} | {s['flaps']} |"
+        )
+    out = RESULTS.with_name(f"recovery-cases-{args.nodes}.json")
+    out.write_text(
+        json.dumps(
+            {
+                "nodes": args.nodes,
+                "interval": args.interval,
+                "silence": args.silence,
+                "watch": args.watch,
+                "workers": args.workers,
+                "load_average_before": load_before,
+                "load_average_after": os.getloadavg(),
+                "at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "cases": results,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    return 0 if all(r["summary"]["flaps"] == 0 for r in results) else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=10_000)
@@ -228,7 +284,15 @@ def main() -> int:
         help="LLMGW_DISRUPTION_THRESHOLD; 1 turns off the rule that marks nobody while no heartbeat arrives, "
         "so that the outage marks the whole fleet unreachable and the return measures its revival",
     )
+    parser.add_argument(
+        "--cases",
+        help=f"comma-separated, or all: {', '.join(disruptions.CASES)} (instead of the web tier's outage)",
+    )
+    parser.add_argument("--silence", type=float, default=210.0, help="with --cases: seconds the partition lasts")
+    parser.add_argument("--generators", type=int, default=2, help="with --cases: load generator processes")
     args = parser.parse_args()
+    if args.cases:
+        return run_cases(args)
     result = asyncio.run(Run(args).run())
     report(args, result)
     return 0 if result["all_alive_after"] is not None and result["flapped"] == 0 else 1

@@ -17,7 +17,7 @@ answer. Everything else happens here:
   new inventory is stored (`inventory.registration`), GPU error evidence is
   judged (`inventory.gpuhealth`), and an agent's report that moves a shard is
   applied (`inventory.desired`). What the script did not write then goes to
-  Redis in one pipeline (`livestate.heartbeats.record`).
+  Redis in one script call (`livestate.heartbeats.record`).
 - **the reply**: the node's shown state, the interval, the shards it should run
   and the engines to install for them.
 
@@ -119,6 +119,8 @@ class _Admitted:
     # The node's shard version and cached list as the beat script read them (applied or stale).
     shard_version: tuple[int, int] | None = None
     cached_shards: bytes | None = None
+    # The load as rendered for the beat script, stored with the rest when the script could not apply it.
+    load: loadstore.RenderedLoad | None = None
 
 
 def admit(sender: Sender, received_at: float) -> None:
@@ -202,6 +204,7 @@ def _admit(sender: Sender, received_at: float, beat: protocol.Heartbeat | None) 
                 redis_up=True,
                 shard_version=verdict.shard_version,
                 cached_shards=verdict.cached_shards,
+                load=load,
             )
         case beatscript.LOCKED:
             raise TooManyWrongTokens()
@@ -276,8 +279,11 @@ def _record(
     """
     if admitted.redis_up:
         changed_card = None if admitted.cached and beat.inventory is None else card
+        load = admitted.load
+        if load is None and beat.load is not None:
+            load = loadstore.render(card.node_id, beat.load, received_at)
         try:
-            heartbeats.record(card.node_id, received_at, beat.load, changed_card, counts, shards)
+            heartbeats.record(card.node_id, received_at, load, changed_card, counts, shards)
             return True
         except redis.RedisError as exc:
             _warn_redis_down(REDIS_DOWN, exc)

@@ -25,31 +25,27 @@ field's position is its position in the script, where the same names are
 assigned from KEYS[n] and ARGV[n] at the top (tests/test_beatscript.py
 compares the two).
 
-Each process sends the script on a connection of its own rather than through
-redis-py's client, whose pool, retries and hooks cost the call about as much
-CPU again as the send and the answer themselves.
+Each process sends the script on a connection of its own, packed by hiredis
+(livestate.ownscript), rather than through redis-py's client, whose pool,
+retries and hooks cost the call about as much CPU again as the send and the
+answer themselves.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import hiredis
-import redis
 from django.conf import settings
-from redis.connection import ConnectionInterface
 
-import livestate
 from livestate import cards, keys, limits, loadstore, sequence, shardversion
 from livestate.cards import NodeCard
+from livestate.ownscript import OwnScript
 
 SOURCE = (Path(__file__).parent / "beatscript.lua").read_text()
-SHA = hashlib.sha1(SOURCE.encode()).hexdigest()
 
 LOCKED = "locked"
 RATE = "rate"
@@ -72,52 +68,7 @@ class Verdict:
     newest_seq: int = 0
 
 
-class _Connection:
-    """This process's own connection for the script, made again when the client or the process changes."""
-
-    def __init__(self) -> None:
-        self.client: redis.Redis | None = None
-        self.pid = 0
-        self.connection: ConnectionInterface | None = None
-
-    def call(self, script_keys: BeatKeys, args: BeatArgs) -> list[Any]:
-        connection = self._current()
-        try:
-            try:
-                return self._send(connection, "EVALSHA", SHA, script_keys, args)
-            except redis.exceptions.NoScriptError:
-                # A restarted Redis has forgotten the script: EVAL loads it again.
-                return self._send(connection, "EVAL", SOURCE, script_keys, args)
-        except (redis.ConnectionError, redis.TimeoutError):
-            # The next call connects afresh; this one is answered from the database.
-            connection.disconnect()
-            raise
-
-    @staticmethod
-    def _send(
-        connection: ConnectionInterface, command: str, script: str, script_keys: BeatKeys, args: BeatArgs
-    ) -> list[Any]:
-        # hiredis packs the command in C; redis-py's own `pack_command` first walks the
-        # arguments in Python looking for bytearrays, which none of these is.
-        # hiredis's stub types the command as a one-item tuple; it takes any number of parts.
-        packed = hiredis.pack_command((command, script, len(script_keys), *script_keys, *args))  # type: ignore[arg-type]
-        connection.send_packed_command([packed], False)
-        # The script answers a list (see SOURCE); redis-py leaves its reply untyped.
-        reply: list[Any] = connection.read_response()
-        return reply
-
-    def _current(self) -> ConnectionInterface:
-        client = livestate.client()
-        connection = self.connection
-        if connection is None or self.client is not client or self.pid != os.getpid():
-            if connection is not None and self.pid == os.getpid():
-                connection.disconnect()
-            self.client, self.pid = client, os.getpid()
-            connection = self.connection = client.connection_pool.make_connection()
-        return connection
-
-
-_connection = _Connection()
+_script = OwnScript(SOURCE)
 
 
 def token_digest(token: str) -> str:
@@ -205,7 +156,7 @@ def run(
         seq=seq,
         sequence_expiry=sequence.KEEP_SECONDS,
     )
-    answer = _connection.call(script_keys, args)
+    answer = _script(script_keys, args)
     outcome = answer[0].decode()
     if outcome == STALE:
         return Verdict(

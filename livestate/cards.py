@@ -22,12 +22,12 @@ the backstop for that case, and until then heartbeats go to the database anyway.
 from __future__ import annotations
 
 import logging
+import random
 from collections.abc import Callable
 
 import msgspec
 import redis
 from django.db import transaction
-from redis.client import Pipeline
 
 import livestate
 from livestate import keys
@@ -37,6 +37,18 @@ log = logging.getLogger(__name__)
 # Only a backstop (see above); long enough that re-reading every card costs the
 # database a few reads a second across a 10,000-node fleet.
 CARD_TTL_SECONDS = 300
+
+
+def expiry() -> int:
+    """Seconds a card stored now is kept: between half of CARD_TTL_SECONDS and all of it, drawn afresh each time.
+
+    A fleet whose cards were all stored within one interval (after Redis lost its
+    data, or read again after they all expired) would otherwise lose them all
+    within one interval again, CARD_TTL_SECONDS later and every time after: the
+    whole fleet on the cold path at once (bench.recovery). Drawn, the re-reads
+    spread over half the TTL, and none is kept longer than the backstop allows.
+    """
+    return random.randint(CARD_TTL_SECONDS // 2, CARD_TTL_SECONDS)
 
 
 class NodeCard(msgspec.Struct, array_like=True):
@@ -61,9 +73,9 @@ def decode(raw: bytes) -> NodeCard:
     return _decoder.decode(raw)
 
 
-def store(pipe: Pipeline, card: NodeCard) -> None:
-    """Queue the card on a pipeline the caller sends anyway."""
-    pipe.set(keys.card(card.node_id), _encoder.encode(card), ex=CARD_TTL_SECONDS)
+def encode(card: NodeCard) -> bytes:
+    """The card as it is stored (livestate/heartbeats.py stores it in its own script call)."""
+    return _encoder.encode(card)
 
 
 def store_current(node_id: str, read: Callable[[int], NodeCard | None]) -> None:
@@ -77,7 +89,7 @@ def store_current(node_id: str, read: Callable[[int], NodeCard | None]) -> None:
         client = livestate.client()
         card = read(int(client.get(keys.generation(node_id)) or 0))
         if card is not None:
-            client.set(keys.card(node_id), _encoder.encode(card), ex=CARD_TTL_SECONDS)
+            client.set(keys.card(node_id), _encoder.encode(card), ex=expiry())
     except redis.RedisError as exc:
         log.warning("node card of %s not cached (its first heartbeat reads it): %s", node_id, exc)
 

@@ -79,6 +79,20 @@ def add(pipe: Pipeline | Redis, fields: dict[str, float]) -> None:
             pipe.hincrbyfloat(keys.SELF_METRICS, name, value)
 
 
+def as_script_args(fields: dict[str, float]) -> list[str | float | int]:
+    """The increments as a script's arguments ("int" or "float", field, amount each), by `add`'s rule.
+
+    livestate/recordscript.lua applies them; integers stay integers there too.
+    """
+    args: list[str | float | int] = []
+    for name, value in fields.items():
+        if isinstance(value, int) and not name.endswith(":sum"):
+            args += ("int", name, int(value))
+        else:
+            args += ("float", name, repr(float(value)))
+    return args
+
+
 def record(fields: dict[str, float]) -> None:
     """Send increments on their own; losing them when Redis is down is acceptable."""
     try:

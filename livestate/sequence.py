@@ -17,11 +17,8 @@ node's sequence. The database keeps the sequence of the stored inventory too
 
 from __future__ import annotations
 
-import redis
-from redis.commands.core import Script
-
-import livestate
 from livestate import keys
+from livestate.ownscript import OwnScript
 
 # A delayed copy of a heartbeat is not held anywhere for longer than this; a node
 # deleted, or silent that long, leaves no key behind.
@@ -36,15 +33,17 @@ redis.call('HSET', KEYS[1], 'boot', ARGV[1], 'seq', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 return false
 """
-# Sent by its digest (EVALSHA) and loaded again only when Redis has forgotten it: this runs
-# for every heartbeat whose card was not cached, a whole fleet's after Redis lost its data.
-_advance = Script(None, _ADVANCE.encode())  # type: ignore[arg-type]  # the client is given at each call
+# This runs for every heartbeat whose card was not cached, a whole fleet's after Redis lost its
+# data: sent on the heartbeat's cheap route (by digest, packed by hiredis).
+_advance = OwnScript(_ADVANCE)
 
 
-def advance(node_id: str, boot_id: str, seq: int, client: redis.Redis | None = None) -> int | None:
-    """Record (boot_id, seq) as the node's newest heartbeat; the stored number instead if this one is no newer."""
+def advance(node_id: str, boot_id: str, seq: int) -> int | None:
+    """Record (boot_id, seq) as the node's newest heartbeat; the stored number instead if this one is no newer.
+
+    Raises redis errors.
+    """
     if not boot_id:
         return None
-    client = client or livestate.client()
-    stored = _advance(keys=[keys.sequence(node_id)], args=[boot_id, seq, KEEP_SECONDS], client=client)
+    stored = _advance([keys.sequence(node_id)], [boot_id, seq, KEEP_SECONDS])
     return None if stored is None else int(stored)

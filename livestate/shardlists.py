@@ -10,10 +10,10 @@ that changes nothing reads it in the beat script's round trip instead
 from __future__ import annotations
 
 import logging
+import random
 
 import msgspec
 import redis
-from redis.client import Pipeline
 
 import livestate
 from agent import protocol
@@ -24,6 +24,16 @@ log = logging.getLogger(__name__)
 # Only a backstop for a version bump lost to a Redis outage; every node reading
 # the database this often costs a 10,000-node fleet about 30 queries a second.
 CACHE_TTL_SECONDS = 300
+
+
+def expiry() -> int:
+    """Seconds a list cached now is kept: drawn between half of CACHE_TTL_SECONDS and all of it.
+
+    Lists cached within one interval (a fleet's first beats, or after Redis lost its
+    data) would otherwise all expire within one interval, and the whole fleet read
+    its shards from the database at once, every CACHE_TTL_SECONDS (livestate.cards.expiry).
+    """
+    return random.randint(CACHE_TTL_SECONDS // 2, CACHE_TTL_SECONDS)
 
 
 class ReplicaName(msgspec.Struct, array_like=True):
@@ -78,15 +88,15 @@ def read(node_id: str) -> tuple[tuple[int, int] | None, bytes | None]:
     return shardversion.parse(versions), raw
 
 
-def queue_store(pipe: Pipeline | redis.Redis, node_id: str, cached: CachedShards) -> None:
-    """Queue the list's caching on a pipeline the caller sends anyway (on a client: cache it now)."""
-    pipe.set(keys.node_shards(node_id), _encoder.encode(cached), ex=CACHE_TTL_SECONDS)
+def encode(cached: CachedShards) -> bytes:
+    """The list as it is stored (livestate/heartbeats.py stores it in its own script call)."""
+    return _encoder.encode(cached)
 
 
 def store(node_id: str, cached: CachedShards) -> None:
     """Cache the list; losing it to a Redis outage costs only a database read later."""
     try:
-        queue_store(livestate.client(), node_id, cached)
+        livestate.client().set(keys.node_shards(node_id), encode(cached), ex=expiry())
     except redis.RedisError as exc:
         log.warning("shards of %s not cached: %s", node_id, exc)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -127,3 +128,32 @@ def test_each_node_keeps_its_connection_between_beats_as_the_agent_does(keeping_
     # One connection per node, whatever the number of beats (a few more if a beat fell due while
     # the node's previous one was still being answered).
     assert NODES <= _KeepsAlive.connections <= NODES + 5, _KeepsAlive.connections
+
+
+def test_a_silent_phase_sends_nothing_and_the_fleet_resumes_at_its_pace(answering):
+    fleet = fleet_at(answering)
+    try:
+        fleet.start(Phase("partition", HEARTBEAT, INTERVAL, 10, silent=True))
+        time.sleep(SECONDS)
+        fleet.start(Phase("back", HEARTBEAT, INTERVAL, SECONDS))  # ends the silence early
+        silence, back = fleet.collect("partition"), fleet.collect("back")
+    finally:
+        fleet.close()
+    assert (silence.offered, silence.answered, len(silence.offered_due)) == (0, 0, 0)
+    expected = NODES * SECONDS / INTERVAL
+    assert 0.8 * expected <= back.offered <= 1.2 * expected
+    assert back.nodes == set(range(NODES))
+    assert len(back.offered_due) == back.offered and sorted(back.due_times) == sorted(back.offered_due)
+
+
+def test_the_due_time_of_every_slot_left_unsent_is_kept(silent, monkeypatch):
+    monkeypatch.setattr(pacer, "MAX_IN_FLIGHT", 5)
+    monkeypatch.setattr(pacer, "TIMEOUT", 0.5)
+    fleet = fleet_at(silent)
+    try:
+        fleet.start(Phase("measured", HEARTBEAT, INTERVAL, SECONDS))
+        stats = fleet.collect("measured")
+    finally:
+        fleet.close()
+    assert len(stats.unsent_due) == stats.unsent > 0
+    assert set(stats.unsent_due) <= set(stats.offered_due)

@@ -180,3 +180,30 @@ def test_the_sequence_is_checked_after_the_database_even_when_redis_forgot_its_s
     with pytest.raises(heartbeat.Replayed):
         receive(token, protocol.Heartbeat(boot_id="run-1", seq=5))
     assert receive(token, protocol.Heartbeat(boot_id="run-1", seq=6)).state == "ready"
+
+
+def test_a_heartbeat_after_redis_lost_its_data_writes_back_all_the_next_one_needs(
+    token, redis_client, monkeypatch, django_assert_num_queries
+):
+    monkeypatch.setattr(heartbeat, "_tally", selfmetrics.Tally(every=0))
+    receive(token, protocol.Heartbeat(load=a_load()))
+    redis_client.flushdb()
+
+    # Its card and its shards from the database; what the script could not write, in one script call.
+    with django_assert_num_queries(2):
+        assert receive(token, protocol.Heartbeat(boot_id="run-1", seq=1, load=a_load(33.0))).state == "ready"
+
+    assert redis_client.hexists(keys.HEARTBEATS, "gpu-1")
+    assert loadstore.fetch(["gpu-1"])["gpu-1"].load.cpu_percent == 33.0
+    assert b"33" in redis_client.get(keys.load_lines("gpu-1"))
+    assert 0 < redis_client.ttl(keys.card("gpu-1")) <= cards.CARD_TTL_SECONDS
+    assert redis_client.exists(keys.node_shards("gpu-1"))
+    counters = redis_client.hgetall(keys.SELF_METRICS)
+    assert counters[b"heartbeats:accepted"] == b"1", "an integer count stays an integer"
+    assert 0 < float(counters[b"heartbeat_seconds:sum"]) < 60
+    # So the next heartbeat is the ordinary one: no row read, applied by the beat script.
+    with django_assert_num_queries(0):
+        receive(token, protocol.Heartbeat(boot_id="run-1", seq=2, load=a_load(44.0)))
+    assert loadstore.fetch(["gpu-1"])["gpu-1"].load.cpu_percent == 44.0
+    with pytest.raises(heartbeat.Replayed):
+        receive(token, protocol.Heartbeat(boot_id="run-1", seq=2))

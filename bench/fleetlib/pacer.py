@@ -51,6 +51,9 @@ class Phase:
     path: str
     interval: float
     seconds: float
+    # The fleet sends nothing (a partition): each node's slots pass unsent and uncounted, and it
+    # resumes at its own phase of the interval once the next phase begins.
+    silent: bool = False
 
 
 @dataclass
@@ -68,6 +71,11 @@ class PhaseStats:
     latencies: array = field(default_factory=lambda: array("d"))
     # Each answered beat's due time (time.monotonic(), the same clock in every worker), beside its latency.
     due_times: array = field(default_factory=lambda: array("d"))
+    # The due time of every slot, and of those sent late or not at all, to be told second by
+    # second (bench.recovery).
+    offered_due: array = field(default_factory=lambda: array("d"))
+    late_due: array = field(default_factory=lambda: array("d"))
+    unsent_due: array = field(default_factory=lambda: array("d"))
     cpu_seconds: float = 0.0
     in_flight: int = 0
     # Which nodes (by their index in the fleet) had a beat answered with 2xx in this phase.
@@ -82,6 +90,9 @@ class PhaseStats:
         self.errors.update(other.errors)
         self.latencies.extend(other.latencies)
         self.due_times.extend(other.due_times)
+        self.offered_due.extend(other.offered_due)
+        self.late_due.extend(other.late_due)
+        self.unsent_due.extend(other.unsent_due)
         self.nodes |= other.nodes
         self.cpu_seconds += other.cpu_seconds
         self.seconds = max(self.seconds, other.seconds)
@@ -240,11 +251,14 @@ class _Pacer:
     def fire(self, index: int, due: float, now: float) -> None:
         stats = self.current
         stats.offered += 1
+        stats.offered_due.append(due)
         if self.in_flight >= MAX_IN_FLIGHT:
             stats.unsent += 1
+            stats.unsent_due.append(due)
             return
         if now - due > LATE_AFTER:
             stats.late += 1
+            stats.late_due.append(due)
         self.in_flight += 1
         stats.in_flight += 1
         request = b"POST " + self.current_phase.path.encode() + self.tails[index]
@@ -276,9 +290,11 @@ class _Pacer:
                 self._end_current()
             self._report(now)
             interval = self.current_phase.interval
+            silent = self.current_phase.silent
             while self.due[0][0] <= now:
                 due, index = self.due[0]
-                self.fire(index, due, now)
+                if not silent:
+                    self.fire(index, due, now)
                 heapq.heapreplace(self.due, (due + interval, index))
             await asyncio.sleep(min(max(self.due[0][0] - time.monotonic(), 0.001), 0.05))
 

@@ -1,6 +1,7 @@
 """Where a heartbeat's CPU goes in one web process: cProfile over the WSGI application, beside the empty view.
 
     python -m bench.fleetlib.profile [--nodes 200] [--beats 4000] [--top 25] [--cold [flushed|partition|registered]]
+                                     [--pairs 9] [--database-url postgres://…]
 
 The application is called in this process, as a web worker calls it, with
 heartbeats of the benchmark's fleet (bench/fleetlib/bodies.py) against a Redis
@@ -19,6 +20,9 @@ unreachable in bulk as the sweep does, before each pass (a fleet coming back
 after a partition); `--cold registered` registers every node again (a new
 token each) before each pass (a fleet's first heartbeats after registering).
 Their heartbeats are cold only where those changes leave the cards stale.
+Then `--pairs` ordinary and cold passes over the fleet run in turn, and the
+median of each pair's ratio is printed: on a shared machine whose load changes
+during the run, a ratio of two figures measured minutes apart says little.
 """
 
 from __future__ import annotations
@@ -110,6 +114,9 @@ def main() -> int:
         choices=["flushed", "partition", "registered"],
         help="profile each node's first heartbeat after Redis lost its data (flushed), after a partition, "
         "or after registering",
+    )
+    parser.add_argument(
+        "--pairs", type=int, default=9, help="with --cold: ordinary and cold passes over the fleet measured in turn"
     )
     parser.add_argument("--database-url", help="a database to use instead of a new SQLite file (e.g. PostgreSQL's)")
     args = parser.parse_args()
@@ -210,6 +217,21 @@ def main() -> int:
         if args.cold:
             cold = min(drive_cold(args.beats), drive_cold(args.beats))
             print(f"CPU per cold heartbeat ({args.cold}): {cold:.0f} µs, {cold / heartbeat:.1f} × the ordinary one")
+            # Side by side: an ordinary pass over the fleet, then a cold one, in turn, so that a
+            # machine whose load changes slows both alike; the median of the pairs' ratios.
+            pairs = []
+            for _ in range(args.pairs):
+                ordinary = drive(HEARTBEAT, len(fleet))
+                pairs.append((ordinary, drive_cold(len(fleet))))
+            ratios = sorted(c / o for o, c in pairs)
+            middle = len(pairs) // 2
+            ordinary_median = sorted(o for o, _ in pairs)[middle]
+            cold_median = sorted(c for _, c in pairs)[middle]
+            print(
+                f"side by side, {len(pairs)} pairs of passes over the fleet: ordinary median "
+                f"{ordinary_median:.0f} µs, cold median {cold_median:.0f} µs, "
+                f"cold / ordinary median {ratios[middle]:.1f} × (range {ratios[0]:.1f}–{ratios[-1]:.1f})"
+            )
             drive_cold(args.beats, profiler)
         else:
             profiler.enable()
