@@ -86,3 +86,24 @@ def cluster(db):
         node.refresh_from_db()
         nodes[name] = node
     return nodes
+
+
+# The gateway's tests (tests/test_gateway*.py) share these two: a real HAProxy programmed by a real sync,
+# in the test's own directory, and a key for tenant acme.
+@pytest.fixture
+def gateway(tmp_path):
+    from tests.test_gateway import Gateway  # a test module's helper: imported only where a test asks for it
+
+    made = Gateway(tmp_path / "gw")
+    yield made
+    made.stop()
+
+
+@pytest.fixture
+def key(db) -> str:
+    from gateway.models import ApiKey, Tenant
+
+    made = ApiKey(tenant=Tenant.objects.create(name="acme"))
+    secret = made.issue()
+    made.save()
+    return secret

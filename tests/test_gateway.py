@@ -133,21 +133,6 @@ class Gateway:
         return Runtime(self.paths.admin_socket).servers(backend).get(backend, {})
 
 
-@pytest.fixture
-def gateway(tmp_path):
-    made = Gateway(tmp_path / "gw")
-    yield made
-    made.stop()
-
-
-@pytest.fixture
-def key(db) -> str:
-    made = ApiKey(tenant=Tenant.objects.create(name="acme"))
-    secret = made.issue()
-    made.save()
-    return secret
-
-
 def serve(node_name: str, engine_port: int, served: str = "chat") -> Replica:
     """A running replica of a deployment serving `served`, its engine on this machine at `engine_port`."""
     factories.node(node_name, gpus=1)

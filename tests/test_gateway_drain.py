@@ -21,7 +21,6 @@ from agent import protocol
 from devstack.polling import wait_until
 from gateway import usage, wanted, weights
 from gateway.haproxy_config import ServerState
-from gateway.models import ApiKey, Tenant
 from gateway.sync import Sync
 from inventory import desired, drainhold
 from inventory.models import AdminState, Deployment, Node, Replica, ReplicaState, Shard
@@ -90,14 +89,6 @@ class Stream(threading.Thread):
         finally:
             self.ended_at = time.monotonic()
             self.started.set()
-
-
-@pytest.fixture
-def key(db) -> str:
-    made = ApiKey(tenant=Tenant.objects.create(name="acme"))
-    secret = made.issue()
-    made.save()
-    return secret
 
 
 @pytest.fixture

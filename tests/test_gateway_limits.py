@@ -7,7 +7,10 @@ and an OpenAI-shaped error naming the limit. Changed limits apply after one sync
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
+import time
 
 import pytest
 import requests
@@ -18,13 +21,6 @@ from inventory.models import Shard
 from tests.test_gateway import CHAT, Engine, Gateway, serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
-
-
-@pytest.fixture
-def gateway(tmp_path):
-    made = Gateway(tmp_path / "gw")
-    yield made
-    made.stop()
 
 
 @pytest.fixture
@@ -54,6 +50,23 @@ def engine(gateway, db):
 def limit(gateway: Gateway, tenant: Tenant, **limits) -> None:
     Tenant.objects.filter(pk=tenant.pk).update(**limits)
     gateway.sync.run_once()
+
+
+def held_stream(gateway: Gateway, key: str, deadline: float = 0) -> http.client.HTTPConnection:
+    """A stream open on its own connection, its first event read: in flight until the connection is closed.
+    With a deadline, tried again until a slot is free (a 429 read and its connection closed each time)."""
+    body = json.dumps({"model": "chat", "prompt": "x", "max_tokens": 500, "stream": True})
+    until = time.monotonic() + deadline
+    while True:
+        connection = http.client.HTTPConnection("127.0.0.1", gateway.port, timeout=10)
+        connection.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {key}"})
+        answer = connection.getresponse()
+        if answer.status == 200:
+            assert answer.readline().startswith(b"data: ")
+            return connection
+        answer.read()
+        connection.close()
+        assert time.monotonic() < until, f"no free slot: {answer.status}"
 
 
 def refused_for(answer: requests.Response, what: str) -> bool:
@@ -107,26 +120,17 @@ def test_over_its_concurrent_requests_a_tenant_gets_429_while_kept_alive_idle_co
     with requests.Session() as session:
         session.headers["Authorization"] = f"Bearer {key}"
         assert [session.get(gateway.url("/v1/models"), timeout=10).status_code for _ in range(5)] == [200] * 5
-        streams = [
-            gateway.post(
-                "/v1/completions", {"model": "chat", "prompt": "x", "max_tokens": 500, "stream": True}, key, stream=True
-            )
-            for _ in range(2)
-        ]
-        for stream in streams:
-            assert stream.status_code == 200
-            next(line for line in stream.iter_lines() if line)
+        streams = [held_stream(gateway, key) for _ in range(2)]
         third = gateway.post("/v1/chat/completions", CHAT, key)
         assert refused_for(third, "concurrent requests limit of 2")
         # The idle kept-alive session's connection is still open, and counts for nothing.
-        # A stream the client closes leaves the count at once: its slot is free for the next request.
+        # A stream the client closes leaves the count at once: its slot is free for the next request,
+        # and only its slot: the other stream still counts.
         streams[0].close()
-        wait_until(
-            lambda: session.post(gateway.url("/v1/chat/completions"), json=CHAT, timeout=10).status_code == 200,
-            5,
-            "a slot to be free",
-        )
-        streams[1].close()
+        streams[0] = held_stream(gateway, key, deadline=5)
+        assert refused_for(gateway.post("/v1/chat/completions", CHAT, key), "concurrent requests limit of 2")
+        for stream in streams:
+            stream.close()
 
 
 def test_another_tenants_limit_is_not_mine(gateway, engine, tenant, key):

@@ -13,27 +13,11 @@ import yaml
 from django.core.management import CommandError, call_command
 
 from devstack.polling import wait_until
-from gateway.models import ApiKey, Tenant
 from inventory.models import Deployment, ReplicaState, Shard
 from tests.prometheus import PrometheusServer
 from tests.test_gateway import CHAT, ROOT, Engine, Gateway, serve
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def gateway(tmp_path):
-    made = Gateway(tmp_path / "gw")
-    yield made
-    made.stop()
-
-
-@pytest.fixture
-def key(db) -> str:
-    made = ApiKey(tenant=Tenant.objects.create(name="acme"))
-    secret = made.issue()
-    made.save()
-    return secret
 
 
 @pytest.fixture

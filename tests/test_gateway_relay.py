@@ -17,7 +17,6 @@ import time
 
 import pytest
 
-from gateway.models import ApiKey, Tenant
 from gateway.runtime import ask
 from inventory.models import ReplicaState, Shard
 from tests.test_gateway import Engine, Gateway, serve
@@ -32,21 +31,6 @@ CUT_EVENT = {
         "code": "upstream_disconnected",
     }
 }
-
-
-@pytest.fixture
-def gateway(tmp_path):
-    made = Gateway(tmp_path / "gw")
-    yield made
-    made.stop()
-
-
-@pytest.fixture
-def key(db) -> str:
-    made = ApiKey(tenant=Tenant.objects.create(name="acme"))
-    secret = made.issue()
-    made.save()
-    return secret
 
 
 class ScriptedEngine(threading.Thread):

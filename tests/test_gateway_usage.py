@@ -29,13 +29,6 @@ from tests.test_gateway import Engine, Gateway, serve
 pytestmark = [pytest.mark.slow, pytest.mark.django_db]
 
 
-@pytest.fixture
-def gateway(tmp_path):
-    made = Gateway(tmp_path / "gw")
-    yield made
-    made.stop()
-
-
 def key_for(name: str) -> str:
     made = ApiKey(tenant=Tenant.objects.get_or_create(name=name)[0])
     secret = made.issue()
