@@ -9,7 +9,7 @@ numbers are missing.
 
 from __future__ import annotations
 
-from django.http import Http404, HttpResponseBadRequest
+from django.http import Http404
 from django.shortcuts import render
 from django.views.decorators.http import require_GET
 from django_htmx.http import HttpResponseStopPolling
@@ -17,7 +17,7 @@ from django_htmx.http import HttpResponseStopPolling
 from inventory.models import REPLICA_COLOURS, Deployment, Replica, ReplicaState
 from nodes import promgateway, promquery
 from nodes.views.access import login_required
-from nodes.views.node import chosen_range
+from nodes.views.node import charts_section, chosen_range
 
 
 def _deployment(served_model: str) -> Deployment | None:
@@ -67,17 +67,6 @@ def model_charts(request, served_model: str):
         if request.htmx:
             return HttpResponseStopPolling()
         raise Http404("no such served model")
-    # Only the page builds this URL, from a range it knows: anything else is refused, by name.
-    key = request.GET.get("range", promquery.DEFAULT_RANGE.key)
-    if key not in promquery.RANGES:
-        return HttpResponseBadRequest(f"range: must be one of {', '.join(promquery.RANGES)}")
-    time_range = promquery.RANGES[key]
-    context = {"served_model": served_model, "time_range": time_range, "history": None, "history_problem": None}
-    try:
-        history = promquery.history(promgateway.model_charts(served_model), time_range=time_range)
-    except promquery.PrometheusUnavailable as exc:
-        context["history_problem"] = str(exc)
-    else:
-        context["history"] = history
-        context["history_json"] = history.as_json()
-    return render(request, "nodes/model.html#charts", context)
+    return charts_section(
+        request, "nodes/model.html#charts", {"served_model": served_model}, promgateway.model_charts(served_model)
+    )

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from django.http import Http404, HttpResponseBadRequest
+from django.http import Http404, HttpResponse, HttpResponseBadRequest
 from django.shortcuts import get_object_or_404, render
 from django.views.decorators.http import require_GET
 from django_htmx.http import HttpResponseStopPolling
@@ -275,6 +275,27 @@ def chosen_range(get) -> tuple[promquery.TimeRange, str | None]:
     known = ", ".join(promquery.RANGES)
     fallback = promquery.DEFAULT_RANGE.label
     return promquery.DEFAULT_RANGE, f"range: {key[:20]!r} is not one of {known}; showing {fallback}"
+
+
+def charts_section(request, template: str, context: dict, charts) -> HttpResponse:
+    """A page's charts partial, drawn from `charts` (promgateway's queries) over the range the URL asks for.
+
+    Only the page builds this URL, from a range it knows: anything else is refused, by name. Prometheus
+    down is said in the section, and the rest of the page is unaffected.
+    """
+    key = request.GET.get("range", promquery.DEFAULT_RANGE.key)
+    if key not in promquery.RANGES:
+        return HttpResponseBadRequest(f"range: must be one of {', '.join(promquery.RANGES)}")
+    time_range = promquery.RANGES[key]
+    context = {**context, "time_range": time_range, "history": None, "history_problem": None}
+    try:
+        history = promquery.history(charts, time_range=time_range)
+    except promquery.PrometheusUnavailable as exc:
+        context["history_problem"] = str(exc)
+    else:
+        context["history"] = history
+        context["history_json"] = history.as_json()
+    return render(request, template, context)
 
 
 def mark_engine_metrics(node_id: str, rows: list[EngineRow], facts: dict[str, ShardFacts], now: float) -> None:

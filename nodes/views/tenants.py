@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.db.models import Count, Q, Sum
-from django.http import Http404, HttpResponseBadRequest
+from django.http import Http404
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET
@@ -27,7 +27,7 @@ from inventory.models import Deployment
 from nodes import promgateway, promquery
 from nodes.templatetags.llmgw import bar_class
 from nodes.views.access import login_required
-from nodes.views.node import chosen_range
+from nodes.views.node import charts_section, chosen_range
 
 # The usage tables cover this much: the hourly rows from the hour that began 24 h ago to now.
 WINDOW = timedelta(hours=24)
@@ -211,19 +211,5 @@ def tenant_charts(request, name: str):
         if request.htmx:
             return HttpResponseStopPolling()
         raise Http404("no such tenant")
-    # Only the page builds this URL, from a range it knows: anything else is refused, by name.
-    key = request.GET.get("range", promquery.DEFAULT_RANGE.key)
-    if key not in promquery.RANGES:
-        return HttpResponseBadRequest(f"range: must be one of {', '.join(promquery.RANGES)}")
-    time_range = promquery.RANGES[key]
-    context = {"tenant": found, "time_range": time_range, "history": None, "history_problem": None}
-    try:
-        history = promquery.history(
-            promgateway.tenant_charts(found.name, found.tokens_per_minute), time_range=time_range
-        )
-    except promquery.PrometheusUnavailable as exc:
-        context["history_problem"] = str(exc)
-    else:
-        context["history"] = history
-        context["history_json"] = history.as_json()
-    return render(request, "nodes/tenant.html#charts", context)
+    charts = promgateway.tenant_charts(found.name, found.tokens_per_minute)
+    return charts_section(request, "nodes/tenant.html#charts", {"tenant": found}, charts)
