@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from django.contrib.auth.models import Permission
 from prometheus_client import generate_latest
 
 from devstack.polling import wait_until
@@ -74,8 +75,16 @@ def cells(row: str) -> dict[str, int]:
 
 @pytest.fixture
 def viewer_client(client, viewer):
+    viewer.user_permissions.add(Permission.objects.get(codename="view_tenant", content_type__app_label="gateway"))
     client.force_login(viewer)
     return client
+
+
+def test_a_user_without_the_view_tenant_permission_gets_403(client, viewer, acme):
+    # The admin would not show this user tenants either: the pages show no more than its permissions allow.
+    client.force_login(viewer)
+    for path in ("/tenants/", "/tenants/acme/", "/tenants/acme/charts/"):
+        assert client.get(path).status_code == 403, path
 
 
 @pytest.fixture
@@ -317,8 +326,9 @@ def test_query_count_does_not_grow_with_keys_models_hours_or_tenants(
                 _load(f"t{i}", keys=2, models=1)
         # Session and user, then the page's own: the tenant, its minute and day, keys, usage by replica and by
         # hour, the models still served; the list's: the count, a page of tenants with their keys counted, the
-        # minute and the day. The whole page also asks the user's permissions (two) for its link to the admin.
-        expected = (7 if "{}" in path else 4) + (0 if htmx else 2) + 2
+        # minute and the day; and the user's permissions (two, then cached for the request), asked by the view
+        # tenant check on every answer and by the whole page's link to the admin.
+        expected = (7 if "{}" in path else 4) + 2 + 2
         with django_assert_num_queries(expected) as captured:
             answer = viewer_client.get(path.format(name), **(HTMX if htmx else {}))
         assert answer.status_code == 200

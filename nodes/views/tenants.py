@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import wraps
 
+from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, Sum
 from django.http import Http404
 from django.shortcuts import render
@@ -147,8 +149,22 @@ def _tenant(name: str) -> Tenant | None:
     return Tenant.objects.filter(name=name).first()
 
 
+def may_view_tenants(view):
+    """Tenants' usage, limits and keys are the admin's to see (its "view tenant" permission): a user without
+    it gets 403 here too, so a page never shows more than the user's permissions would in the admin."""
+
+    @wraps(view)
+    def wrapper(request, *args, **kwargs):
+        if not request.user.has_perm("gateway.view_tenant"):
+            raise PermissionDenied("viewing tenants needs the gateway's view tenant permission")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
 @require_GET
 @login_required
+@may_view_tenants
 def tenants(request):
     """Every tenant, 100 a page: state, keys usable of all, limits, tokens today and this minute against the budgets."""
     now = timezone.now()
@@ -172,6 +188,7 @@ def tenants(request):
 
 @require_GET
 @login_required
+@may_view_tenants
 def tenant(request, name: str):
     found = _tenant(name)
     if found is None:
@@ -205,6 +222,7 @@ def tenant(request, name: str):
 
 @require_GET
 @login_required
+@may_view_tenants
 def tenant_charts(request, name: str):
     found = _tenant(name)
     if found is None:
