@@ -17,34 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
+from bench.pages import ROUNDS, WARMUP, median_ms
 from devstack.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
-ROUNDS = 15
-WARMUP = 3
 TENANTS = 1_000
 TIMED = "tenant-0000"
-
-
-def median_ms(client, url: str, **extra) -> tuple[float, float]:
-    """Median wall time and median CPU time of this process, in ms (SQLite runs in it, so it is counted)."""
-    for _ in range(WARMUP):
-        client.get(url, secure=True, **extra)
-    wall, cpu = [], []
-    for _ in range(ROUNDS):
-        started, started_cpu = time.perf_counter(), time.process_time()
-        response = client.get(url, secure=True, **extra)
-        wall.append((time.perf_counter() - started) * 1000)
-        cpu.append((time.process_time() - started_cpu) * 1000)
-        assert response.status_code == 200, (url, response.status_code)
-    return statistics.median(wall), statistics.median(cpu)
 
 
 def fill() -> None:
@@ -93,7 +76,7 @@ def run() -> int:
     import django
 
     django.setup()
-    from django.contrib.auth.models import User
+    from django.contrib.auth.models import Permission, User
     from django.core.management import call_command
     from django.db import connection
     from django.test import Client
@@ -102,7 +85,9 @@ def run() -> int:
 
     call_command("migrate", verbosity=0)
     fill()
+    # The pages need the admin's view-tenant permission (docs/pages.md), as an operator would have.
     user = User.objects.create_user("bench-viewer", password="x")
+    user.user_permissions.add(Permission.objects.get(codename="view_tenant", content_type__app_label="gateway"))
     client = Client()
     client.force_login(user)
     htmx = {"HTTP_HX_REQUEST": "true"}
