@@ -8,7 +8,9 @@ its own engines directory, so clearing the cache never breaks a running node.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import platform
 import re
 import shutil
 import sys
@@ -34,6 +36,13 @@ FLAGS = [
     "-DBUILD_SHARED_LIBS=OFF",
 ]
 VARIANT_FLAGS = {"cpu": [], "cuda": ["-DGGML_CUDA=ON"]}
+# On x86, not -march=native: on Sapphire Rapids it compiles ggml's AMX backend, whose matrix
+# multiply crashes llama-server (SIGSEGV at its first inference, ggml-org/llama.cpp#20824; seen
+# here in CI). Off, ggml builds for AVX2, FMA, F16C and BMI2 (x86-64-v3), which every x86 node of
+# the last decade has, and one build in the cache serves every such node. Other CPUs keep native.
+X86_FLAGS = ["-DGGML_NATIVE=OFF"]
+# What a build in the cache was made with; a build made otherwise is made again.
+RECIPE_FILE = "recipe"
 _PERCENT = re.compile(r"^\[\s*(\d+)%\]")
 
 
@@ -47,7 +56,7 @@ def install(engine: str, version: str, variant: str, ctx: Context) -> Path:
         raise Unsupported("cuda: no nvcc (the CUDA toolkit) on this node to build with")
     built = install_home(ctx.cache, engine, version, variant)
     with locked(built.with_name(built.name + ".lock")):
-        if not (built / "bin" / PROGRAM).exists():
+        if not _cached(built, variant):
             _build(_source(engine, version, ctx), built, variant, ctx)
     target = install_home(ctx.home, engine, version, variant) / "bin"
     target.mkdir(parents=True, exist_ok=True)
@@ -56,6 +65,21 @@ def install(engine: str, version: str, variant: str, ctx: Context) -> Path:
     shutil.copy2(built / "bin" / PROGRAM, staged)
     staged.replace(target / PROGRAM)
     return target
+
+
+def _flags(variant: str) -> list[str]:
+    machine = [*X86_FLAGS] if platform.machine().lower() in ("x86_64", "amd64") else []
+    return [*FLAGS, *machine, *VARIANT_FLAGS[variant]]
+
+
+def recipe(variant: str) -> str:
+    """A digest of the build's flags, kept beside the binary it made."""
+    return hashlib.sha256("\n".join(_flags(variant)).encode()).hexdigest()
+
+
+def _cached(built: Path, variant: str) -> bool:
+    stamp = built / RECIPE_FILE
+    return (built / "bin" / PROGRAM).exists() and stamp.exists() and stamp.read_text() == recipe(variant)
 
 
 def _source(engine: str, version: str, ctx: Context) -> Path:
@@ -83,7 +107,7 @@ def _build(sdist: Path, built: Path, variant: str, ctx: Context) -> None:
     ctx.progress("unpacking the llama.cpp source")
     source = _unpack(sdist, work / "src")
     build = work / "build"
-    ctx.run("configuring (cmake)", ["cmake", "-S", str(source), "-B", str(build), *FLAGS, *VARIANT_FLAGS[variant]])
+    ctx.run("configuring (cmake)", ["cmake", "-S", str(source), "-B", str(build), *_flags(variant)])
     ctx.run(
         f"building {PROGRAM}",
         ["cmake", "--build", str(build), "--target", PROGRAM, "-j", str(JOBS)],
@@ -91,6 +115,7 @@ def _build(sdist: Path, built: Path, variant: str, ctx: Context) -> None:
     )
     (work / "bin").mkdir()
     shutil.copy2(build / "bin" / PROGRAM, work / "bin" / PROGRAM)
+    (work / RECIPE_FILE).write_text(recipe(variant))
     shutil.rmtree(work / "src")
     shutil.rmtree(build)
     shutil.rmtree(built, ignore_errors=True)

@@ -7,6 +7,7 @@ but in seconds and without the network; the real build is tests/test_engine_llam
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import sys
 import time
@@ -15,7 +16,7 @@ import pytest
 
 from agent.provision import Provisioner, Want
 from devstack.polling import wait_until
-from tests.agent.stand_ins import BROKEN, seed_sdist
+from tests.agent.stand_ins import BROKEN, CMAKE, seed_sdist
 from tests.agent.test_runner import group_members
 
 
@@ -62,6 +63,32 @@ def test_llama_cpp_is_built_once_into_the_cache_and_installed_per_agent(tmp_path
     wait_until(lambda: only(second).state == "ready", 30, "the second install")
     assert [d for _, s, d in second.history if s == "installing"] == ["installing from the cache"]
     assert (tmp_path / "b" / "engines" / "llama.cpp" / "9.9.9-cpu" / "bin" / "llama-server").is_file()
+
+
+# Configures only when told not to build for this CPU (-march=native compiles ggml's AMX backend,
+# which crashes llama-server on Sapphire Rapids).
+NOT_NATIVE = CMAKE + (
+    'if(NOT GGML_NATIVE STREQUAL "OFF")\n  message(FATAL_ERROR "GGML_NATIVE is ${GGML_NATIVE}")\nendif()\n'
+)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the portable build is x86's")
+def test_a_build_the_cache_holds_from_another_recipe_is_built_again_portably(tmp_path):
+    cache = tmp_path / "cache"
+    seed_sdist(cache, "9.9.8", cmake=NOT_NATIVE)
+    # What an earlier agent left: a native build, made before builds kept their recipe.
+    old = cache / "llama.cpp" / "9.9.8-cpu" / "bin" / "llama-server"
+    old.parent.mkdir(parents=True)
+    old.write_text("#!/bin/sh\necho old native build >&2\n")
+    old.chmod(0o755)
+    provisioner = Recorder(tmp_path / "engines", cache=cache)
+    provisioner.want([Want("llama.cpp", "9.9.8")])
+    wait_until(lambda: only(provisioner).state != "installing", 120, "the build to end")
+    assert only(provisioner).state == "ready", only(provisioner).detail
+    assert "configuring (cmake)" in [detail for _, _, detail in provisioner.history]
+    installed = provisioner.ready("llama.cpp") / "llama-server"
+    done = subprocess.run([installed, "--version"], capture_output=True, text=True, timeout=10)
+    assert done.stderr == "version: 9 (stand-in)\n"
 
 
 def test_a_failed_build_reports_the_log_tail_and_is_retried_with_growing_delays(tmp_path):
