@@ -313,6 +313,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default="demo")
+    parser.add_argument("--served-model-name", default="", help="the name answers give the model (vLLM's flag)")
     parser.add_argument("--cpu-ms-per-token", type=float, default=2.0, help="CPU time burnt per generated token")
     parser.add_argument("--kib-per-token", type=int, default=64, help="memory held per token while a request runs")
     parser.add_argument("--max-running", type=int, default=4, help="requests served at once; the rest wait")
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ms-to-first-token", type=float, default=0, help="wall-clock pause before the first token")
     args = parser.parse_args(argv)
     Handler.engine = Engine(
-        args.model,
+        args.served_model_name or args.model,
         args.cpu_ms_per_token,
         args.kib_per_token,
         args.max_running,

@@ -177,6 +177,7 @@ def launch(deployment: Deployment, shard: Shard, leader: str = "") -> enginekind
         shards=deployment.shards_per_replica,
         shard_index=shard.index,
         leader=leader,
+        served_name=deployment.served_model_name,
         extra=tuple(deployment.argv()),
     )
 

@@ -94,6 +94,17 @@ def test_the_version_chooses_the_template(version, head):
     assert argv[len(head) :] == ["--host", "0.0.0.0", "--port", "9000", "--tensor-parallel-size", "2"]
 
 
+@pytest.mark.parametrize("kind", [k for k in enginekinds.KINDS if not k.free_form], ids=lambda kind: kind.name)
+def test_every_engine_answers_with_the_served_model_name_not_the_weights_path(kind):
+    deployment = Deployment(
+        name="chat-prod", served_model_name="chat", engine=kind.name, model_source="/m/q.gguf", gpus_per_shard=0
+    )
+    argv = desired.command(deployment, Shard(port=9000, index=0))
+    assert argv[argv.index(kind.served_name_flag) + 1] == "chat"
+    # Before the operator's own arguments, so that theirs win.
+    assert kind.command_line(Launch("/m", served_name="chat", extra=("--x",)))[-1] == "--x"
+
+
 def test_an_installed_binary_replaces_the_program():
     argv = enginekinds.command_line("vllm", Launch("/m"), prefix=["/var/lib/llmgw/engines/vllm/0.11.0/bin/vllm"])
     assert argv[:2] == ["/var/lib/llmgw/engines/vllm/0.11.0/bin/vllm", "serve"]

@@ -42,7 +42,9 @@ QUESTION = {
 def start_engine(bin_dir, model_path, secret: str) -> tuple[subprocess.Popen, int]:
     """llama-server as the agent's runner starts it: the record's command line and environment."""
     port = free_port()
-    launch = Launch(str(model_path), port, host="127.0.0.1", threads=2, parallel=1, extra=DEMO_ARGUMENTS)
+    launch = Launch(
+        str(model_path), port, host="127.0.0.1", threads=2, parallel=1, served_name="smollm2", extra=DEMO_ARGUMENTS
+    )
     command = enginekinds.command_line("llama.cpp", launch, VERSION, prefix=[str(bin_dir / "llama-server")])
     env = enginekinds.get("llama.cpp").environment({**os.environ, API_KEY_ENV: secret})
     assert env["LLAMA_API_KEY"] == secret
@@ -50,6 +52,13 @@ def start_engine(bin_dir, model_path, secret: str) -> tuple[subprocess.Popen, in
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     return process, port
+
+
+def stop_engine(process: subprocess.Popen) -> None:
+    # Its group, the server's threads with it; already gone if it crashed, which the test reports.
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def engine_requests(port: int, secret: str) -> float:
@@ -101,6 +110,8 @@ def test_the_capital_of_france_through_the_gateway_with_a_key(llama_server, mode
         assert answer.status_code == 200, answer.text
         (choice,) = answer.json()["choices"]
         assert "Paris" in choice["message"]["content"], answer.json()
+        # Named as the client called it, never by the path its weights were loaded from.
+        assert answer.json()["model"] == "smollm2"
         read = engine_requests(port, secret)
 
         refused = ask(gateway, QUESTION, None)
@@ -117,10 +128,10 @@ def test_the_capital_of_france_through_the_gateway_with_a_key(llama_server, mode
             if chunk["choices"]
         )
         assert "Paris" in words, words
+        assert {chunk["model"] for chunk in map(json.loads, events[:-1])} == {"smollm2"}
     finally:
         gateway.stop()
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        stop_engine(process)
 
 
 def stream_events(answer: requests.Response) -> list[dict]:
@@ -179,5 +190,4 @@ def test_streams_are_counted_as_the_engine_counts_them_where_it_reports_usage(ll
         wait_until(lambda: engine_tokens(port, secret) == engine, 10, f"the engine's counters at {engine}")
     finally:
         gateway.stop()
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        stop_engine(process)

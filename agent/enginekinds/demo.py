@@ -23,4 +23,5 @@ KIND = EngineKind(
     templates=(Template("0", ("python3",), _server, lead=("-m", "agent.demo_engine")),),
     metrics=(Names("0", {k: v for k, v in VLLM_METRICS.items() if k != Signal.KV_CACHE_USAGE}),),
     stream_usage=(replace(FORCED_USAGE, since="0"),),
+    served_name_flag="--served-model-name",
 )

@@ -41,6 +41,7 @@ KIND = EngineKind(
     ),
     install=Install(Installer.SDIST_BUILD, pinned="0.3.36", default_variant="cpu"),
     api_key_variable="LLAMA_API_KEY",
+    served_name_flag="--alias",
     metrics_behind_key=True,
     # The server of 0.3.36 ends a chat stream with usage only when asked, and has no flag to
     # make it (tools/server/server-task.cpp, to_json_oaicompat_chat_stream); its /v1/completions

@@ -37,6 +37,7 @@ class Launch:
     shards: int = 1  # shards of the replica (pipeline parallelism across nodes)
     shard_index: int = 0
     leader: str = ""  # host:port of shard 0, where the other shards of the replica join it
+    served_name: str = ""  # what clients call the model (the deployment's served model name)
     extra: Sequence[str] = ()  # the operator's own arguments, always last so they win
 
 
@@ -169,6 +170,9 @@ class EngineKind:
     metrics_behind_key: bool = False
     # Oldest first, like the templates: how its streams come to report usage to the gateway.
     stream_usage: tuple[UsageInStreams, ...] = (ASKED_ONLY,)
+    # The flag naming the model as clients call it, so that answers name the served model, never
+    # the path its weights were loaded from (and engines that check `model` accept the name).
+    served_name_flag: str = ""
 
     @property
     def free_form(self) -> bool:
@@ -199,7 +203,10 @@ class EngineKind:
             return [word.replace("{port}", str(launch.port)).replace("{model}", launch.model) for word in words]
         chosen = self.template(version)
         usage = self.usage_in_streams(version)
-        return [*(prefix or chosen.program), *chosen.lead, *chosen.arguments(launch), *usage.flags, *launch.extra]
+        named = [self.served_name_flag, launch.served_name] if self.served_name_flag and launch.served_name else []
+        return [
+            *(prefix or chosen.program), *chosen.lead, *chosen.arguments(launch), *named, *usage.flags, *launch.extra
+        ]  # fmt: skip
 
     def runs(self, command: Sequence[str], allowed_programs: Sequence[str] = ()) -> bool:
         """Whether an agent may execute `command` as a shard of this kind.

@@ -60,4 +60,5 @@ KIND = EngineKind(
     # Only `--config FILE` as two words is read (0.5.3 looks for the word itself), and the file
     # must end in .yaml or .yml.
     api_key_file=KeyFile(flag="--config", option="api-key", suffix=".yaml"),
+    served_name_flag="--served-model-name",
 )

@@ -63,4 +63,5 @@ KIND = EngineKind(
     install=Install(Installer.PIP_VENV, pinned="0.11.0", default_variant="cuda", package="vllm"),
     api_key_variable="VLLM_API_KEY",
     stream_usage=STREAM_USAGE,
+    served_name_flag="--served-model-name",
 )

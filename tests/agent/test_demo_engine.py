@@ -28,6 +28,11 @@ def engine():
             "1",
             "--cpu-ms-per-token",
             "20",
+            # As a deployment starts it: the weights' path, and the name clients call it by.
+            "--model",
+            "/models/weights.bin",
+            "--served-model-name",
+            "chat",
         ],
         cwd=ROOT,
     )
@@ -51,6 +56,7 @@ def test_completion_in_the_openai_shape(engine):
     assert reply.status_code == 200
     body = reply.json()
     assert body["object"] == "text_completion"
+    assert body["model"] == "chat"
     assert len(body["choices"][0]["text"].split()) == 5
     assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 5, "total_tokens": 7}
 
