@@ -91,7 +91,18 @@ def test_make_run_serves_a_model_that_answers_and_the_node_page_shows_it_working
         stack.fetch_demo_model()
         stack.start(stack.agent_part())
 
-        wait_until(lambda: (replica() or ("",))[0] == "running", INSTALL_TIMEOUT, "the model's replica running")
+        def running() -> bool:
+            # An engine that dies is restarted by the agent; the test fails at its first death instead of
+            # waiting out the build's timeout for a replica that will never run.
+            crashed = [line for line in agent_log().splitlines() if "killed by signal" in line]
+            assert not crashed, crashed[0]
+            return (replica() or ("",))[0] == "running"
+
+        def agent_log() -> str:
+            path = stack.logs / "agent.log"
+            return path.read_text(errors="replace") if path.exists() else ""
+
+        wait_until(running, INSTALL_TIMEOUT, "the model's replica running")
         _, shard_id, node_id, _ = replica()
 
         log_in(page, base, "admin", PASSWORD, f"/nodes/{node_id}/")
