@@ -1,6 +1,7 @@
 -- The gateway's counter, in every answer's path: prompt and completion tokens per tenant, model and
 -- server, as the engines report them in `usage` (the JSON body of an answer, or a stream's last event
--- before [DONE], which engines send when the request asks `stream_options: {"include_usage": true}`);
+-- before [DONE], which engines send when the request asks `stream_options: {"include_usage": true}`)
+-- or, in llama-server's streams, which it ends with them whatever was asked, in `timings`;
 -- and each stream's time to first token as its client sees it, per model and server.
 --
 -- Loaded by deploy/gateway.cfg (`lua-load`, one thread: Debian's 2.6 Lua filter crashed with two).
@@ -35,36 +36,64 @@ local first_tokens = {}
 -- A usage object cut between two pieces of an answer is kept (from its "usage" on) at most this long.
 local TAIL = 1024
 
--- The first `usage` object with both counts in `text`: prompt, completion; or nil and where a usage
--- begins that the text cuts short (the next piece completes it); or nil. Plain searches first: most
--- pieces of a stream hold no "usage" at all, and each found is checked at its place only.
-local function usage_in(text)
-    local at = find(text, '"usage"', 1, true)
+-- The counts of the first `key` object in `text` that `counts` reads (prompt, completion); or nil and
+-- where such an object begins that the text cuts short (the next piece completes it); or nil. Plain
+-- searches first: most pieces of a stream hold neither key, and each found is checked at its place only.
+local function counted_in(text, key, counts)
+    local after = #key
+    local at = find(text, key, 1, true)
     while at do
-        local value = match(text, '^"usage"%s*:%s*()', at)
+        local value = match(text, "^%s*:%s*()", at + after)
         if value == nil then
-            if find(text, "^%s*:?%s*$", at + 7) then
+            if find(text, "^%s*:?%s*$", at + after) then
                 return nil, nil, at
             end
-            at = find(text, '"usage"', at + 7, true) -- "usage" as a string, not a key
+            at = find(text, key, at + after, true) -- the key's word as a string, not a key
         elseif value > #text then
             return nil, nil, at
         elseif byte(text, value) ~= 123 then -- not an object ("usage": null in every chunk of some engines)
-            at = find(text, '"usage"', value, true)
+            at = find(text, key, value, true)
         else
             local object = match(text, "^%b{}", value)
             if object == nil then
                 return nil, nil, at
             end
-            local p = match(object, '"prompt_tokens"%s*:%s*(%d+)')
-            local c = match(object, '"completion_tokens"%s*:%s*(%d+)')
-            if p and c then
-                return tonumber(p), tonumber(c)
+            local prompt, completion = counts(object)
+            if prompt then
+                return prompt, completion
             end
-            at = find(text, '"usage"', value + #object, true)
+            at = find(text, key, value + #object, true)
         end
     end
     return nil
+end
+
+local function usage_counts(object)
+    local p = match(object, '"prompt_tokens"%s*:%s*(%d+)')
+    local c = match(object, '"completion_tokens"%s*:%s*(%d+)')
+    if p and c then
+        return tonumber(p), tonumber(c)
+    end
+end
+
+-- llama-server ends every stream with `timings`, asked for usage or not: the prompt's tokens taken from
+-- its cache (cache_n) and read (prompt_n), and those it predicted, which its `usage` gives when asked.
+local function timings_counts(object)
+    local cached = match(object, '"cache_n"%s*:%s*(%d+)')
+    local p = match(object, '"prompt_n"%s*:%s*(%d+)')
+    local c = match(object, '"predicted_n"%s*:%s*(%d+)')
+    if cached and p and c then
+        return tonumber(cached) + tonumber(p), tonumber(c)
+    end
+end
+
+-- An answer's counts: its `usage` (where both appear, it comes first), else llama-server's `timings`.
+local function usage_in(text)
+    local prompt, completion, cut = counted_in(text, '"usage"', usage_counts)
+    if prompt or cut then
+        return prompt, completion, cut
+    end
+    return counted_in(text, '"timings"', timings_counts)
 end
 
 local Usage = {}
@@ -178,8 +207,8 @@ function Usage:http_payload(txn, msg)
         tail = sub(text, cut)
         self.tail = #tail <= TAIL and tail or nil
     else
-        -- "usage" itself cut between two pieces: at most its first 6 bytes end this one, from a quote.
-        local quote = find(text, '"', -6, true)
+        -- A key itself cut between two pieces: at most its first 8 bytes ("timings) end this one, from a quote.
+        local quote = find(text, '"', -8, true)
         self.tail = quote and sub(text, quote) or nil
     end
 end

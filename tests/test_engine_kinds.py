@@ -122,7 +122,7 @@ def test_an_installed_binary_replaces_the_program():
         ("vllm", "0.19.0", StreamUsage.ASKED, None),
         ("sglang", "", StreamUsage.ASKED, None),
         ("sglang", "0.5.10", StreamUsage.FLAG, "--stream-response-default-include-usage"),
-        ("llama.cpp", "", StreamUsage.ASKED, None),
+        ("llama.cpp", "", StreamUsage.TIMINGS, None),
         ("demo", "", StreamUsage.FLAG, "--enable-force-include-usage"),
     ],
 )

@@ -143,9 +143,9 @@ def stream_events(answer: requests.Response) -> list[dict]:
 
 @pytest.mark.django_db
 def test_streams_are_counted_as_the_engine_counts_them_where_it_reports_usage(llama_server, model, tmp_path):  # noqa: F811
-    """llama-server's record says ASKED: its chat streams report usage only when asked, so only those are
-    counted; its /v1/completions streams always end with usage, asked or not."""
-    assert enginekinds.get("llama.cpp").usage_in_streams(VERSION).how == StreamUsage.ASKED
+    """llama-server's record says TIMINGS: its chat streams report usage only when asked, but every stream
+    ends with its timings, from which the gateway counts it; its /v1/completions streams end with usage."""
+    assert enginekinds.get("llama.cpp").usage_in_streams(VERSION).how == StreamUsage.TIMINGS
     replica = serve("cpu-node", 0, served="smollm2")
     secret = replica.deployment.engine_secret
     tenant_key = ApiKey(tenant=Tenant.objects.create(name="acme"))
@@ -160,21 +160,26 @@ def test_streams_are_counted_as_the_engine_counts_them_where_it_reports_usage(ll
         gateway.program()
         chat = {**QUESTION, "max_tokens": 8, "stream": True}
 
-        # A chat stream whose client did not ask: no usage, not counted (the engine still counted it).
+        # A chat stream whose client did not ask: no usage, counted from its timings, equal to what the
+        # engine counted for it. Its counters move when its slot is released, just after the last event.
         before = engine_tokens(port, secret)
         events = stream_events(ask(gateway, chat, key, stream=True))
         assert not [event for event in events if "usage" in event]
+        assert "timings" in events[-1]
 
-        # Its counters move when its slot is released, just after the last event: polled.
         def moved() -> bool:
             return all(now > then for now, then in zip(engine_tokens(port, secret), before, strict=True))
 
         wait_until(moved, 10, "the engine to count the stream")
         gateway.sync.run_once()
-        assert not Usage.objects.exists()
+        (row,) = Usage.objects.all()
+        counted = (row.prompt_tokens, row.completion_tokens)
+        assert row.requests == 1 and counted[1] > 0
+        assert engine_tokens(port, secret) == (before[0] + counted[0], before[1] + counted[1])
+        Usage.objects.all().delete()
 
-        # A completions stream whose client did not ask, and a chat stream whose client did: counted,
-        # equal to what the engine counted for them.
+        # A completions stream whose client did not ask, and a chat stream whose client did: counted once
+        # each (from usage, the asked stream's timings beside it not added), equal to the engine's counts.
         before = engine_tokens(port, secret)
         completion = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 8, "stream": True}
         reported = [stream_events(ask(gateway, completion, key, stream=True, path="/v1/completions"))[-1]["usage"]]

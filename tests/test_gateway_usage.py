@@ -235,9 +235,25 @@ class CutUsage(BaseHTTPRequestHandler):
         pass
 
 
-def test_a_usage_cut_between_pieces_of_an_answer_is_counted_once_whole(gateway, db):
+class CutTimings(CutUsage):
+    """llama-server's chat stream, unasked: no usage, and its last event's timings cut in three pieces, the
+    key itself between the first two; the whole answer has usage, and timings after it (not added)."""
+
+    PIECES = (
+        b'data: {"choices":[{"delta":{"content":"a"}}]}\n\ndata: {"choices":[],"timing',
+        b's": {"cache_n": 3, "prompt_n": 4, "prompt_ms": 1.5, "predi',
+        b'cted_n": 9, "predicted_ms": 20.1}}\n\ndata: [DONE]\n\n',
+    )
+    WHOLE = (
+        b'{"choices":[{"text":"a"}],',
+        b'"usage":{"prompt_tokens":7,"completion_tokens":9},"timings":{"cache_n":3,"prompt_n":4,"predicted_n":9}}',
+    )
+
+
+@pytest.mark.parametrize("engine_answer", [CutUsage, CutTimings], ids=["usage", "timings"])
+def test_a_usage_cut_between_pieces_of_an_answer_is_counted_once_whole(gateway, db, engine_answer):
     replica = serve("gw-1", 0)
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), CutUsage)
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), engine_answer)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         Shard.objects.filter(replica=replica).update(port=server.server_address[1])

@@ -5,7 +5,19 @@ Versions are llama-cpp-python's, whose vendored llama.cpp is built (agent/provis
 
 from __future__ import annotations
 
-from agent.enginekinds.record import EngineKind, Install, Installer, Launch, Names, Signal, Source, Template, serving
+from agent.enginekinds.record import (
+    EngineKind,
+    Install,
+    Installer,
+    Launch,
+    Names,
+    Signal,
+    Source,
+    StreamUsage,
+    Template,
+    UsageInStreams,
+    serving,
+)
 
 
 def _server(launch: Launch) -> list[str]:
@@ -45,5 +57,6 @@ KIND = EngineKind(
     metrics_behind_key=True,
     # The server of 0.3.36 ends a chat stream with usage only when asked, and has no flag to
     # make it (tools/server/server-task.cpp, to_json_oaicompat_chat_stream); its /v1/completions
-    # streams always end with it. stream_usage keeps the record's default: ASKED.
+    # streams always end with it, and every stream's last event has its `timings`.
+    stream_usage=(UsageInStreams("0", StreamUsage.TIMINGS),),
 )

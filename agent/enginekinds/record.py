@@ -108,12 +108,14 @@ class Install:
 class StreamUsage(StrEnum):
     """Whether a stream whose client did not ask for usage (`stream_options.include_usage`) still reports it.
 
-    The gateway counts a stream's tokens from the `usage` of its last event
-    (deploy/gateway_usage.lua); a stream without one is not counted.
+    The gateway counts a stream's tokens from the `usage` of its last event, or llama-server's
+    `timings` there (deploy/gateway_usage.lua); a stream with neither is not counted.
     """
 
     ALWAYS = "always"
     FLAG = "always, when started with its flag"
+    # Its last event's `timings` carry the counts unasked (llama-server), which the gateway reads.
+    TIMINGS = "always, as its timings"
     ASKED = "only when the client asks"  # the gateway counts no other stream
 
 
