@@ -17,13 +17,21 @@ database, so it can never store an old row under a new generation.
 
 If Redis is down when a change commits, nothing is bumped; the card's expiry is
 the backstop for that case, and until then heartbeats go to the database anyway.
+
+Cards are also kept: every KEEP_PERIOD_SECONDS, and at once when Redis has lost
+its data, Celery stores every node's card afresh from the database in batches
+(`keep`, called by nodes.tasks.keep_cards). A card then never expires while the
+control plane runs, so a fleet back from a partition of any length, or beating
+after a Redis flush or restart, finds its cards instead of taking the cold path
+all at once (bench.recovery); a change lost to a Redis outage is righted within
+a period rather than the TTL.
 """
 
 from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 import redis
@@ -37,6 +45,9 @@ log = logging.getLogger(__name__)
 # Only a backstop (see above); long enough that re-reading every card costs the
 # database a few reads a second across a 10,000-node fleet.
 CARD_TTL_SECONDS = 300
+# How often every card is stored afresh; well under the shortest expiry drawn (half the TTL),
+# so that a kept card never expires between two keepings.
+KEEP_PERIOD_SECONDS = 60
 
 
 def expiry() -> int:
@@ -92,6 +103,46 @@ def store_current(node_id: str, read: Callable[[int], NodeCard | None]) -> None:
             client.set(keys.card(node_id), _encoder.encode(card), ex=expiry())
     except redis.RedisError as exc:
         log.warning("node card of %s not cached (its first heartbeat reads it): %s", node_id, exc)
+
+
+def keep(
+    node_ids: Callable[[], Sequence[str]], read: Callable[[Sequence[str]], Mapping[str, NodeCard]], batch: int = 500
+) -> int | None:
+    """Store every node's card afresh if the last keeping is a period old or Redis has lost it; how many, or None.
+
+    The first caller to find the mark gone takes the keeping (SET NX), so several
+    workers or a doubled beat keep once. Each batch's generations are fetched before
+    `read` reads its rows, as `store_current` does one node's, so a change committed
+    meanwhile leaves the stored card stale rather than wrong. Raises redis errors.
+    """
+    client = livestate.client()
+    if not client.set(keys.CARDS_KEPT, "1", nx=True, ex=KEEP_PERIOD_SECONDS):
+        return None
+    try:
+        return _store_all(client, list(node_ids()), read, batch)
+    except Exception:
+        # The next beat tries again rather than a period later.
+        client.delete(keys.CARDS_KEPT)
+        raise
+
+
+def _store_all(
+    client: redis.Redis, ids: list[str], read: Callable[[Sequence[str]], Mapping[str, NodeCard]], batch: int
+) -> int:
+    stored = 0
+    for start in range(0, len(ids), batch):
+        chunk = ids[start : start + batch]
+        generations = client.mget([keys.generation(node_id) for node_id in chunk])
+        found = read(chunk)
+        pipe = client.pipeline(transaction=False)
+        for node_id, generation in zip(chunk, generations, strict=True):
+            card = found.get(node_id)
+            if card is not None:
+                card.generation = int(generation or 0)
+                pipe.set(keys.card(node_id), _encoder.encode(card), ex=expiry())
+                stored += 1
+        pipe.execute()
+    return stored
 
 
 def invalidate(node_id: str) -> None:

@@ -17,6 +17,9 @@ LOAD_PREFIX = "llmgw:load:"
 LOAD_LINES_PREFIX = "llmgw:loadlines:"
 # What the heartbeat path knows of a node (livestate.cards), msgpack; expires.
 CARD_PREFIX = "llmgw:nodecard:"
+# Set while the cards stored afresh by the last keeping are young (livestate.cards.keep): expires with its period,
+# and goes with the rest when Redis loses its data, which is what tells the next keeping to run.
+CARDS_KEPT = "llmgw:nodecards:kept"
 # A node's card generation: bumped by every change a card holds (livestate.cards).
 GENERATION_PREFIX = "llmgw:nodegen:"
 # Hash: node id → arrival time of its latest heartbeat not yet in the database (livestate.heartbeats).

@@ -244,6 +244,12 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": LLMGW_METRICS_RENDER_PERIOD,
         "options": {"expires": LLMGW_METRICS_RENDER_PERIOD},
     },
+    # Checked every beat period, done once a card period or when Redis has lost the cards.
+    "keep-cards": {
+        "task": "nodes.tasks.keep_cards",
+        "schedule": LLMGW_BEAT_PERIOD,
+        "options": {"expires": LLMGW_BEAT_PERIOD},
+    },
     "refresh-fleet-load": {
         "task": "nodes.tasks.refresh_fleet_load",
         "schedule": LLMGW_FLEET_LOAD_PERIOD,

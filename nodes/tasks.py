@@ -7,6 +7,7 @@ import time
 from celery import shared_task
 
 from nodes import fleetload
+from nodes.api import cards
 from nodes.metrics import prerender
 
 
@@ -20,3 +21,9 @@ def render_metrics() -> int:
 def refresh_fleet_load() -> int:
     """Share the fleet's totals and sort figures ahead of the cluster pages (nodes/fleetload.py); nodes reporting."""
     return fleetload.refresh(time.time())[0].reporting
+
+
+@shared_task
+def keep_cards() -> int | None:
+    """Store every node's card afresh once a period, or at once after Redis lost its data (livestate.cards.keep)."""
+    return cards.keep_all()

@@ -12,13 +12,14 @@ sweep's flush, keeps its cards.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 
 from django.db import connection, transaction
 from django.db.models.signals import post_delete, post_save
 
 from inventory.models import Node, NodeEvent
-from livestate.cards import NodeCard, invalidate, store_current
+from livestate.cards import NodeCard, invalidate, keep, store_current
 from nodes.models import NodeToken, digest_matches
 
 
@@ -30,26 +31,41 @@ def from_database(node_id: str, generation: int = 0) -> NodeCard | None:
     several times the rest of reading it (`python -m bench.fleetlib.profile --cold`).
     """
     with connection.cursor() as cursor:
-        cursor.execute(_card_sql(), [node_id])
+        cursor.execute(_card_sql() + " = %s", [node_id])
         row = cursor.fetchone()
     if row is None:
         return None
-    secret_digest, liveness, admin_state, inventory_hash = row
+    _, secret_digest, liveness, admin_state, inventory_hash = row
     return NodeCard(node_id, secret_digest, liveness, admin_state, inventory_hash, generation)
+
+
+def many_from_database(node_ids: Sequence[str]) -> dict[str, NodeCard]:
+    """The cards of those of `node_ids` that have a token, by node id, in one query."""
+    if not node_ids:
+        return {}
+    with connection.cursor() as cursor:
+        cursor.execute(_card_sql() + f" IN ({', '.join(['%s'] * len(node_ids))})", list(node_ids))
+        return {row[0]: NodeCard(*row) for row in cursor.fetchall()}
+
+
+def keep_all() -> int | None:
+    """Store every node's card afresh when due (livestate.cards.keep); how many, or None when not due."""
+    return keep(lambda: list(NodeToken.objects.order_by().values_list("node_id", flat=True)), many_from_database)
 
 
 @cache
 def _card_sql() -> str:
+    """The cards' query up to its condition on the node id (`= %s`, or `IN (...)`)."""
     quote = connection.ops.quote_name
     node, token = Node._meta, NodeToken._meta
+    node_column = f"t.{quote(token.get_field('node').column)}"
     columns = ", ".join(
-        [f"t.{quote(token.get_field('secret_digest').column)}"]
+        [node_column, f"t.{quote(token.get_field('secret_digest').column)}"]
         + [f"n.{quote(node.get_field(name).column)}" for name in ("liveness", "admin_state", "inventory_hash")]
     )
-    joined = f"t.{quote(token.get_field('node').column)} = n.{quote(node.pk.column)}"
+    joined = f"{node_column} = n.{quote(node.pk.column)}"
     return (
-        f"SELECT {columns} FROM {quote(token.db_table)} t JOIN {quote(node.db_table)} n ON {joined}"
-        f" WHERE t.{quote(token.get_field('node').column)} = %s"
+        f"SELECT {columns} FROM {quote(token.db_table)} t JOIN {quote(node.db_table)} n ON {joined} WHERE {node_column}"
     )
 
 
