@@ -183,3 +183,13 @@ def test_a_new_node_registers_in_one_insert_per_table_whatever_its_inventory(cli
     assert node.gpus.count() == len(inventory.gpus)
     assert node.filesystems.count() == len({fs.mount for fs in inventory.filesystems})
     assert NodeToken.objects.filter(node=node).exclude(secret_digest="").exists()
+
+
+def test_a_new_nodes_first_heartbeat_reads_no_row(
+    client, django_assert_num_queries, django_capture_on_commit_callbacks
+):
+    """Its card and its shard list are cached once its registration commits, so a fleet's first beats are warm."""
+    with django_capture_on_commit_callbacks(execute=True):
+        token = register(client, "gpu-1", gpus=8)
+    with django_assert_num_queries(0):
+        assert reply_of(heartbeat(client, token, protocol.Heartbeat())).state == "ready"

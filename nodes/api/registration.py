@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from agent import protocol
+from inventory import desired
 from inventory.liveness import touch
 from inventory.registration import as_ip, record_registration, upsert_inventory
 from nodes.api import cards
@@ -37,7 +38,9 @@ def register_node(
     registration is a sign of life); its old token stops working at once.
     `address`, the client address the registration came from, is recorded as
     the node's source address (nodes/targets.py). Once committed, the node's
-    card is cached, so its first heartbeat does not go to the database for it.
+    card and shard list are cached, so its first heartbeat reads no row: a fleet
+    registering and then beating would otherwise read every node's shards from
+    the database at its first beats (bench.recovery's `registered` case).
     """
     now = now or timezone.now()
     with transaction.atomic():
@@ -49,4 +52,5 @@ def register_node(
             touch(node, now)
         record_registration(node, created, actor=f"agent (join token: {joined_with})"[:150])
     cards.cache_after_commit(node.pk)
+    transaction.on_commit(lambda: desired.orders(node.pk))
     return protocol.Registered(node_id=node.pk, token=token, heartbeat_interval=settings.LLMGW_HEARTBEAT_INTERVAL)
