@@ -8,19 +8,21 @@ where all of them share it, under the shard version it was read at
 (`livestate.shardlists`, `livestate.shardversion`). A heartbeat that changes
 nothing reads it in the round trip it makes anyway (`livestate.beatscript`); a
 moved version, an agent's report that changes a shard, or an expired entry sends
-that node back to the database once.
+that node back to the database once. Celery beat keeps every node's list stored
+afresh (`keep_cached`, livestate.keeping), so that entries do not expire while
+the control plane runs, and a fleet back from a partition finds them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 from django.conf import settings
 
 from agent import enginekinds, protocol
 from inventory import drainhold, endpoints, engine_wants
-from inventory.models import RUN_STATES, Deployment, ReplicaState, Shard
+from inventory.models import RUN_STATES, Deployment, Node, ReplicaState, Shard
 from inventory.replicas import apply_reports, read_reports
 from lib.compiledquery import CompiledQuery
 from livestate import shardlists
@@ -79,19 +81,9 @@ def orders(
                 return cached
     rows = _node_shards.run(node_id)
     shards = [s for s in rows if s.state != ReplicaState.FAILED]
-    # A failed replica's shards (kept an hour) still ask for their engine, so a failed install
-    # goes on being retried by the agent with its backoff instead of being forgotten, then
-    # asked for afresh by the next placement on this node: a retry loop without the backoff.
-    recently_failed = [s for s in rows if s.state == ReplicaState.FAILED]
     effects = read_reports(node_id, shards, reports) if reports is not None else None
     gone = apply_reports(effects) if effects else set()
-    # A leaving replica's engine runs on while gateways have requests on it (inventory.drainhold).
-    held = drainhold.held(s for s in shards if s.shard_id not in gone)
-    wanted = [s for s in shards if (s.state in RUN_STATES or s.shard_id in held) and s.shard_id not in gone]
-    leaders = _leaders([s.replica for s in wanted if s.replica.deployment.shards_per_replica > 1])
-    specs = [shard_spec(s, leaders.get(s.replica_id, "")) for s in wanted]
-    # Placing a shard is what asks for its engine: the agent installs it, then starts the shard.
-    result = Orders(specs, engine_wants.wants([*wanted, *recently_failed]))
+    result, held = _built(rows, gone)
     # After writing, the version has moved: the next heartbeat reads again. A hold ends with no
     # change of version (the gateways' requests finish), so while one lasts nothing is cached.
     if version is not None and not effects and not held:
@@ -102,15 +94,62 @@ def orders(
     return result
 
 
+def _built(rows: list[Shard], gone: set[str]) -> tuple[Orders, set[str]]:
+    """The orders a node's shard rows give, those in `gone` left out; and the shards held for a drain."""
+    shards = [s for s in rows if s.state != ReplicaState.FAILED]
+    # A failed replica's shards (kept an hour) still ask for their engine, so a failed install
+    # goes on being retried by the agent with its backoff instead of being forgotten, then
+    # asked for afresh by the next placement on this node: a retry loop without the backoff.
+    recently_failed = [s for s in rows if s.state == ReplicaState.FAILED]
+    # A leaving replica's engine runs on while gateways have requests on it (inventory.drainhold).
+    held = drainhold.held(s for s in shards if s.shard_id not in gone)
+    wanted = [s for s in shards if (s.state in RUN_STATES or s.shard_id in held) and s.shard_id not in gone]
+    leaders = _leaders([s.replica for s in wanted if s.replica.deployment.shards_per_replica > 1])
+    specs = [shard_spec(s, leaders.get(s.replica_id, "")) for s in wanted]
+    # Placing a shard is what asks for its engine: the agent installs it, then starts the shard.
+    return Orders(specs, engine_wants.wants([*wanted, *recently_failed])), held
+
+
+def cache_entries(node_ids: Sequence[str], versions: Sequence[tuple[int, int]]) -> dict[str, CachedShards]:
+    """The shard lists of these nodes as their heartbeats would cache them, read in one query, each under its
+    version (livestate.shardlists.keep); a node with a shard held for a drain is left out, as `orders` leaves it.
+    """
+    rows: dict[str, list[Shard]] = {node_id: [] for node_id in node_ids}
+    for shard in _shards_of(node_ids):
+        rows[shard.node_id].append(shard)
+    entries = {}
+    for (node_id, found), version in zip(rows.items(), versions, strict=True):
+        result, held = _built(found, set())
+        if not held:
+            entries[node_id] = _cache_entry(version, [s for s in found if s.state != ReplicaState.FAILED], result)
+    return entries
+
+
+def keep_cached() -> int | None:
+    """Store every node's shard list afresh when due (livestate.shardlists.keep); how many, or None."""
+    return shardlists.keep(lambda: list(Node.objects.order_by().values_list("pk", flat=True)), cache_entries)
+
+
+# The states of the shards a node's orders are built from.
+ORDERED_STATES = (*RUN_STATES, ReplicaState.RELEASING, ReplicaState.FAILED)
 # A node's shards that its orders are built from, with their replicas and deployments. Compiled
 # once per process: compiling it was two thirds of a heartbeat whose shard list was not cached.
 _node_shards = CompiledQuery(
     lambda node_id: (
-        Shard.objects.filter(node_id=node_id, state__in=(*RUN_STATES, ReplicaState.RELEASING, ReplicaState.FAILED))
+        Shard.objects.filter(node_id=node_id, state__in=ORDERED_STATES)
         .select_related("replica__deployment")
         .order_by("shard_id")
     )
 )
+
+
+def _shards_of(node_ids: Sequence[str]) -> list[Shard]:
+    """Several nodes' shards, as `_node_shards` reads one node's, in one query."""
+    return list(
+        Shard.objects.filter(node_id__in=node_ids, state__in=ORDERED_STATES)
+        .select_related("replica__deployment")
+        .order_by("node_id", "shard_id")
+    )
 
 
 def _cache_entry(version: tuple[int, int], shards: list[Shard], result: Orders) -> CachedShards:

@@ -6,7 +6,7 @@ import redis
 from celery import shared_task
 from django.utils import timezone
 
-from inventory import events, sweep
+from inventory import desired, events, sweep
 from inventory.reconcile import reconcile as reconcile_pass
 from livestate import locks, selfmetrics
 
@@ -78,3 +78,9 @@ def reconcile() -> dict:
 def prune_events() -> dict:
     """Run by beat every hour: node events older than LLMGW_EVENT_RETENTION_DAYS go. Idempotent."""
     return {"deleted": events.prune(timezone.now())}
+
+
+@shared_task(name="inventory.tasks.keep_shard_lists")
+def keep_shard_lists() -> int | None:
+    """Store every node's shard list afresh once a period, or at once after Redis lost them (inventory.desired)."""
+    return desired.keep_cached()

@@ -20,7 +20,7 @@ the backstop for that case, and until then heartbeats go to the database anyway.
 
 Cards are also kept: every KEEP_PERIOD_SECONDS, and at once when Redis has lost
 its data, Celery stores every node's card afresh from the database in batches
-(`keep`, called by nodes.tasks.keep_cards). A card then never expires while the
+(`keep`, called by nodes.tasks.keep_cards; livestate.keeping). A card then never expires while the
 control plane runs, so a fleet back from a partition of any length, or beating
 after a Redis flush or restart, finds its cards instead of taking the cold path
 all at once (bench.recovery); a change lost to a Redis outage is righted within
@@ -38,7 +38,7 @@ import redis
 from django.db import transaction
 
 import livestate
-from livestate import keys
+from livestate import keeping, keys
 
 log = logging.getLogger(__name__)
 
@@ -105,33 +105,19 @@ def store_current(node_id: str, read: Callable[[int], NodeCard | None]) -> None:
         log.warning("node card of %s not cached (its first heartbeat reads it): %s", node_id, exc)
 
 
-def keep(
-    node_ids: Callable[[], Sequence[str]], read: Callable[[Sequence[str]], Mapping[str, NodeCard]], batch: int = 500
-) -> int | None:
-    """Store every node's card afresh if the last keeping is a period old or Redis has lost it; how many, or None.
+def keep(node_ids: Callable[[], Sequence[str]], read: Callable[[Sequence[str]], Mapping[str, NodeCard]]) -> int | None:
+    """Store every node's card afresh when due (livestate.keeping); how many, or None when not due.
 
-    The first caller to find the mark gone takes the keeping (SET NX), so several
-    workers or a doubled beat keep once. Each batch's generations are fetched before
-    `read` reads its rows, as `store_current` does one node's, so a change committed
-    meanwhile leaves the stored card stale rather than wrong. Raises redis errors.
+    Each batch's generations are fetched before `read` reads its rows, as
+    `store_current` does one node's, so a change committed meanwhile leaves the
+    stored card stale rather than wrong. Raises redis errors.
     """
-    client = livestate.client()
-    if not client.set(keys.CARDS_KEPT, "1", nx=True, ex=KEEP_PERIOD_SECONDS):
-        return None
-    try:
-        return _store_all(client, list(node_ids()), read, batch)
-    except Exception:
-        # The next beat tries again rather than a period later.
-        client.delete(keys.CARDS_KEPT)
-        raise
+    return keeping.when_due(keys.CARDS_KEPT, KEEP_PERIOD_SECONDS, lambda client: _store_all(client, node_ids(), read))
 
 
-def _store_all(
-    client: redis.Redis, ids: list[str], read: Callable[[Sequence[str]], Mapping[str, NodeCard]], batch: int
-) -> int:
+def _store_all(client: redis.Redis, ids: Sequence[str], read: Callable[[Sequence[str]], Mapping[str, NodeCard]]) -> int:
     stored = 0
-    for start in range(0, len(ids), batch):
-        chunk = ids[start : start + batch]
+    for chunk in keeping.batches(ids):
         generations = client.mget([keys.generation(node_id) for node_id in chunk])
         found = read(chunk)
         pipe = client.pipeline(transaction=False)

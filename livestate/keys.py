@@ -17,9 +17,9 @@ LOAD_PREFIX = "llmgw:load:"
 LOAD_LINES_PREFIX = "llmgw:loadlines:"
 # What the heartbeat path knows of a node (livestate.cards), msgpack; expires.
 CARD_PREFIX = "llmgw:nodecard:"
-# Set while the cards stored afresh by the last keeping are young (livestate.cards.keep): expires with its period,
+# Set while the cards stored afresh by the last keeping are young (livestate.keeping): expires with its period,
 # and goes with the rest when Redis loses its data, which is what tells the next keeping to run.
-CARDS_KEPT = "llmgw:nodecards:kept"
+CARDS_KEPT = "llmgw:nodecards-kept"
 # A node's card generation: bumped by every change a card holds (livestate.cards).
 GENERATION_PREFIX = "llmgw:nodegen:"
 # Hash: node id → arrival time of its latest heartbeat not yet in the database (livestate.heartbeats).
@@ -35,6 +35,8 @@ SWEEP_LOCK = "llmgw:liveness:sweep-lock"
 SHARD_VERSIONS = "llmgw:shards:versions"
 # A node's shard list cached under the shard versions it was read at (livestate.shardlists); expires.
 NODE_SHARDS_PREFIX = "llmgw:nodeshards:"
+# Set while the shard lists stored afresh by the last keeping are young (livestate.keeping), as CARDS_KEPT.
+SHARD_LISTS_KEPT = "llmgw:nodeshards-kept"
 # Hash of a node's latest heartbeat: its agent run's boot id and number in that run (livestate.sequence); expires.
 SEQUENCE_PREFIX = "llmgw:nodeseq:"
 # Fixed-minute counters of the agent API limits, `<prefix><name>:<minute>` (livestate.limits); expire.

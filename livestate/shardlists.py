@@ -11,19 +11,23 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 import redis
 
 import livestate
 from agent import protocol
-from livestate import keys, shardversion
+from livestate import keeping, keys, shardversion
 
 log = logging.getLogger(__name__)
 
 # Only a backstop for a version bump lost to a Redis outage; every node reading
 # the database this often costs a 10,000-node fleet about 30 queries a second.
 CACHE_TTL_SECONDS = 300
+# How often every node's list is stored afresh (livestate.keeping): well under the shortest expiry
+# drawn, so that a kept list never expires between two keepings.
+KEEP_PERIOD_SECONDS = 60
 
 
 def expiry() -> int:
@@ -99,6 +103,42 @@ def store(node_id: str, cached: CachedShards) -> None:
         livestate.client().set(keys.node_shards(node_id), encode(cached), ex=expiry())
     except redis.RedisError as exc:
         log.warning("shards of %s not cached: %s", node_id, exc)
+
+
+def keep(
+    node_ids: Callable[[], Sequence[str]],
+    build: Callable[[Sequence[str], Sequence[tuple[int, int]]], Mapping[str, CachedShards]],
+) -> int | None:
+    """Store every node's list afresh when due (livestate.keeping); how many, or None when not due.
+
+    `build(node_ids, versions)` reads the batch's lists from the database, each to be
+    cached under its version, which is fetched before the read: a change committed
+    meanwhile has moved it, so the list stored is stale rather than wrong. A node
+    `build` leaves out keeps what it has. Raises redis errors.
+    """
+    return keeping.when_due(
+        keys.SHARD_LISTS_KEPT, KEEP_PERIOD_SECONDS, lambda client: _store_all(client, node_ids(), build)
+    )
+
+
+def _store_all(
+    client: redis.Redis,
+    ids: Sequence[str],
+    build: Callable[[Sequence[str], Sequence[tuple[int, int]]], Mapping[str, CachedShards]],
+) -> int:
+    stored = 0
+    for chunk in keeping.batches(ids):
+        pipe = client.pipeline(transaction=False)
+        for node_id in chunk:
+            shardversion.queue_read(pipe, node_id)
+        versions = [shardversion.parse(answer) for answer in pipe.execute()]
+        built = build(chunk, versions)
+        pipe = client.pipeline(transaction=False)
+        for node_id, entry in built.items():
+            pipe.set(keys.node_shards(node_id), _encoder.encode(entry), ex=expiry())
+        pipe.execute()
+        stored += len(built)
+    return stored
 
 
 def forget() -> None:

@@ -244,12 +244,10 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": LLMGW_METRICS_RENDER_PERIOD,
         "options": {"expires": LLMGW_METRICS_RENDER_PERIOD},
     },
-    # Checked every beat period, done once a card period or when Redis has lost the cards.
-    "keep-cards": {
-        "task": "nodes.tasks.keep_cards",
-        "schedule": LLMGW_BEAT_PERIOD,
-        "options": {"expires": LLMGW_BEAT_PERIOD},
-    },
+    # Done once a keeping period, or when Redis has lost what they keep (livestate.keeping): checked every
+    # second (one SET NX), since until they run again a fleet beating into an emptied Redis reads the database.
+    "keep-cards": {"task": "nodes.tasks.keep_cards", "schedule": 1.0, "options": {"expires": 1.0}},
+    "keep-shard-lists": {"task": "inventory.tasks.keep_shard_lists", "schedule": 1.0, "options": {"expires": 1.0}},
     "refresh-fleet-load": {
         "task": "nodes.tasks.refresh_fleet_load",
         "schedule": LLMGW_FLEET_LOAD_PERIOD,

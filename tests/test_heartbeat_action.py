@@ -13,7 +13,7 @@ from django.test.utils import CaptureQueriesContext
 
 from agent import protocol
 from inventory import heartbeat
-from inventory.models import Liveness, Node, Shard
+from inventory.models import Liveness, Node
 from livestate import cards, keys, loadstore, selfmetrics
 from nodes.api.cards import proven
 from nodes.models import NodeToken, split_token
@@ -123,10 +123,8 @@ def test_a_node_just_registered_finds_its_card_cached_and_its_old_token_is_refus
 
     with CaptureQueriesContext(connection) as first_beat:
         assert receive(new, protocol.Heartbeat(load=a_load())).state == "ready"
-    # No card read: only the node's shards, whose list nothing has cached yet.
-    assert [q["sql"].split(" FROM ")[1].split()[0].strip('"') for q in first_beat.captured_queries] == [
-        Shard._meta.db_table
-    ]
+    # No card read, nor the node's shards: the registration cached both.
+    assert first_beat.captured_queries == []
     with pytest.raises(heartbeat.WrongToken) as refused:
         receive(old, protocol.Heartbeat())
     assert refused.value.counted is True, "refused by the beat script, against the cached card"

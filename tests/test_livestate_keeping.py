@@ -1,8 +1,8 @@
-"""Every node's card is kept in Redis by Celery beat, so that no card expires while the control plane runs.
+"""Every node's card and shard list are kept in Redis by Celery beat, so that none expires while the control plane runs.
 
-A fleet back from a partition longer than the cards' TTL, or beating after Redis
-lost its data, would otherwise take the cold path (a database read per node) all
-at once (issue 25, bench.recovery).
+A fleet back from a partition longer than their TTL, or beating after Redis lost
+its data, would otherwise take the cold path (database reads per node) all at
+once (issue 25, bench.recovery).
 """
 
 from __future__ import annotations
@@ -10,11 +10,16 @@ from __future__ import annotations
 import pytest
 
 from agent import protocol
-from livestate import cards, keys
+from inventory import desired
+from inventory.models import Shard
+from inventory.reconcile import reconcile
+from inventory.tasks import keep_shard_lists
+from livestate import cards, keys, shardlists, shardversion
 from nodes.api import cards as node_cards
 from nodes.models import NodeToken
 from nodes.tasks import keep_cards
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
+from tests.factories import deployment
 
 pytestmark = [pytest.mark.django_db]
 
@@ -85,3 +90,45 @@ def test_a_change_committed_while_the_cards_are_read_leaves_them_stale_not_wrong
     cards.keep(lambda: list(NODES), read_while_changing)
     for node in NODES:
         assert stored(redis_client, node).generation < int(redis_client.get(keys.generation(node)))
+
+
+def expire_everything(redis_client) -> None:
+    """A partition longer than the TTLs: neither cards nor shard lists left, nor the marks of their keeping."""
+    expire_cards(redis_client)
+    redis_client.delete(*[keys.node_shards(node) for node in NODES], keys.SHARD_LISTS_KEPT)
+
+
+def test_kept_shard_lists_with_placed_shards_answer_a_returning_fleet_without_a_database_read(
+    client, tokens, redis_client, django_assert_num_queries
+):
+    deployment(gpus_per_shard=4)
+    reconcile()
+    placed = {node: reply_of(heartbeat(client, token, protocol.Heartbeat())).shards for node, token in tokens.items()}
+    assert sum(len(specs) for specs in placed.values()) == Shard.objects.count() > 0
+    expire_everything(redis_client)
+    assert keep_cards() == keep_shard_lists() == len(NODES)
+    for node, token in tokens.items():
+        with django_assert_num_queries(0):
+            assert reply_of(heartbeat(client, token, protocol.Heartbeat(load=a_load()))).shards == placed[node]
+
+
+def test_shard_lists_are_kept_once_a_period_and_again_at_once_when_redis_has_lost_them(tokens, redis_client):
+    redis_client.delete(keys.SHARD_LISTS_KEPT)
+    assert keep_shard_lists() == len(NODES)
+    assert keep_shard_lists() is None
+    assert min(redis_client.ttl(keys.node_shards(node)) for node in NODES) > shardlists.KEEP_PERIOD_SECONDS
+    redis_client.flushdb()
+    assert keep_shard_lists() == len(NODES)
+
+
+def test_a_shard_list_read_while_its_version_moves_is_stored_stale_not_wrong(tokens, redis_client):
+    def build_while_placing(node_ids, versions):
+        built = desired.cache_entries(node_ids, versions)
+        shardversion.bump(None)  # a deployment changed after the read
+        return built
+
+    redis_client.delete(keys.SHARD_LISTS_KEPT)
+    shardlists.keep(lambda: list(NODES), build_while_placing)
+    for node in NODES:
+        version, raw = shardlists.read(node)
+        assert raw is not None and shardlists.decode(raw, version) is None

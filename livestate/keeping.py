@@ -1,0 +1,42 @@
+"""Keeping what the heartbeat path caches warm: done once a period, and at once when Redis has lost it.
+
+Cards (livestate.cards) and shard lists (livestate.shardlists) expire as a
+backstop; Celery beat stores every node's afresh from the database well within
+that, so that neither expires while the control plane runs. Whether a keeping
+is due is a mark in Redis that expires with its period: the first caller to
+find it gone takes the keeping (SET NX), so several workers or a doubled beat
+keep once, and a Redis that has lost its data has lost the mark too, so the
+next beat keeps at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+
+import redis
+
+import livestate
+
+# Rows read, and commands sent, at a time: well inside SQLite's and PostgreSQL's parameter limits.
+BATCH = 500
+
+
+def when_due(mark: str, period: int, work: Callable[[redis.Redis], int]) -> int | None:
+    """`work(client)`'s count if a keeping was due under `mark`; None if the last is a period young.
+
+    Raises redis errors.
+    """
+    client = livestate.client()
+    if not client.set(mark, "1", nx=True, ex=period):
+        return None
+    try:
+        return work(client)
+    except Exception:
+        # The next beat tries again rather than a period later.
+        client.delete(mark)
+        raise
+
+
+def batches(ids: Sequence[str], size: int = BATCH) -> Iterator[Sequence[str]]:
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
