@@ -49,6 +49,27 @@ def test_figures_are_read_from_the_same_store_under_the_same_rule(redis_client, 
     assert loadstore.fetch(["n3"], fresh_only=False, now=1030.0) == {}
 
 
+def test_many_loads_are_read_in_mgets_of_a_batch_so_heartbeats_are_answered_between_them(
+    redis_client, settings, monkeypatch
+):
+    settings.LLMGW_LOAD_MAX_AGE = 60
+    ids = [f"n{i}" for i in range(7)]
+    for node_id in ids:
+        loadstore.save(node_id, LOAD, received_at=1000.0)
+    monkeypatch.setattr(loadstore, "MGET_BATCH", 3)
+    sizes = []
+    mget = redis_client.mget
+
+    def counted(names):
+        sizes.append(len(names))
+        return mget(names)
+
+    monkeypatch.setattr(redis_client, "mget", counted)
+    assert set(loadstore.fetch(ids, now=1030.0)) == set(ids)
+    assert [stored is not None for stored in loadstore.read_lines([*ids, "absent"])] == [True] * 7 + [False]
+    assert sizes == [3, 3, 1, 3, 3, 2]
+
+
 def test_save_on_a_callers_pipeline_sends_nothing_until_it_executes(redis_client):
     pipe = redis_client.pipeline(transaction=False)
     loadstore.save("n1", LOAD, received_at=1.0, pipe=pipe)

@@ -134,21 +134,20 @@ class Scrape:
         inv = inventory_series.read()
         node_ids = [row.facts.id for row in inv.nodes]
         try:
+            lines = loadstore.read_lines(node_ids)
             pipe = livestate.client().pipeline(transaction=False)
-            if node_ids:
-                loadstore.queue_read_lines(pipe, node_ids)
             selfmetrics.queue_read(pipe)
-            replies = pipe.execute()
+            (counters,) = pipe.execute()
         except redis.RedisError as exc:
             # The inventory is still worth exporting; llmgw_loadstore_up says what is missing.
             log.warning("/metrics without loads: %s", exc)
             return cls(inv, [], {}, redis_ok=False)
         fresh = []
-        for node_id, raw in zip(node_ids, replies[0] if node_ids else [], strict=True):
+        for node_id, raw in zip(node_ids, lines, strict=True):
             stored = loadlines.parse(raw)
             if stored is not None and loadstore.is_fresh(stored.received_at, now, margin):
                 fresh.append((node_id, stored))
-        return cls(inv, fresh, selfmetrics.read(replies[-1]), redis_ok=True)
+        return cls(inv, fresh, selfmetrics.read(counters), redis_ok=True)
 
 
 class ShardSample(NamedTuple):
