@@ -263,6 +263,7 @@ def test_bad_requests_get_openai_shaped_errors(gateway, engine, key):
     continuous["stream_options"]["continuous_usage_stats"] = False
     assert gateway.post("/v1/chat/completions", continuous, key).status_code == 200
     # So would llama-server's running timings, of which its streams' last are counted.
+    before = running.tokens_generated()
     per_token = {**CHAT, "stream": True, "timings_per_token": True}
     answer = gateway.post("/v1/chat/completions", per_token, key)
     assert answer.status_code == 400, answer.text
