@@ -121,9 +121,9 @@ def save(node_id: str, load: Load, received_at: float, pipe: Pipeline | None = N
 
 
 # Keys one MGET reads. Redis runs a command whole before it answers anyone else: one MGET of a
-# 10,000-node fleet's /metrics lines (2.5 KB a node) held every heartbeat behind it for up to 34 ms
-# (75 ms for the read); in MGETs of 500, 3 ms at most (27 ms for the read): 10,000 keys of
-# 2,500 bytes, a client PINGing beside the reader (docs/operations.md, "Big reads held Redis").
+# 10,000-node fleet's /metrics lines (2.5 KB a node) held a client beside it for up to 21-24 ms;
+# MGETs of 500, for 2-3 ms, the whole read taking no longer (`python -m bench.fleetlib.redis_reads`,
+# docs/operations.md, "Big reads held Redis").
 MGET_BATCH = 500
 
 

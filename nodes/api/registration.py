@@ -52,5 +52,6 @@ def register_node(
             touch(node, now)
         record_registration(node, created, actor=f"agent (join token: {joined_with})"[:150])
     cards.cache_after_commit(node.pk)
-    transaction.on_commit(lambda: desired.orders(node.pk))
+    # After the commit, which an error here must not turn into a failed registration (robust).
+    transaction.on_commit(lambda: desired.orders(node.pk), robust=True)
     return protocol.Registered(node_id=node.pk, token=token, heartbeat_interval=settings.LLMGW_HEARTBEAT_INTERVAL)
