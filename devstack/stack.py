@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
-from devstack import gateway, proxy, tls
+from devstack import gateway, priority, proxy, tls
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from lib.private_files import write_private
@@ -35,7 +35,7 @@ BIN = Path(PYTHON).parent
 # scrape and rules) yields the cores to heartbeats and pages: each is a second of CPU in a burst, which
 # at equal priority held heartbeats up to a third of a second (docs/operations.md, "Heartbeats at
 # 10,000 nodes"). Where they have hosts of their own this changes nothing.
-BACKGROUND = ["nice", "-n", "10"]
+BACKGROUND_NICE = 10
 
 
 @dataclass
@@ -44,6 +44,7 @@ class Part:
     command: list[str]
     ready: Callable[[], bool] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    background: bool = False
     process: subprocess.Popen | None = None
 
     @property
@@ -200,7 +201,6 @@ class Stack:
         return Part(
             "celery",
             [
-                *BACKGROUND,
                 str(BIN / "celery"),
                 "-A",
                 "llmgw_site",
@@ -213,6 +213,7 @@ class Stack:
                 "--schedule",
                 str(self.var / "celerybeat-schedule"),
             ],
+            background=True,
         )
 
     def prometheus_part(self) -> Part | None:
@@ -229,7 +230,6 @@ class Stack:
         return Part(
             "prometheus",
             [
-                *BACKGROUND,
                 binary,
                 f"--config.file={config}",
                 f"--storage.tsdb.path={self.var / 'prometheus'}",
@@ -237,6 +237,7 @@ class Stack:
                 "--storage.tsdb.retention.time=2d",
             ],
             ready=lambda: port_open(self.prometheus_port),
+            background=True,
         )
 
     def agent_part(self) -> Part | None:
@@ -278,13 +279,15 @@ class Stack:
             return
         log = open(self.logs / f"{part.name}.log", "ab")  # noqa: SIM115 (the child keeps it)
         part.process = subprocess.Popen(
-            part.command,
+            ["nice", "-n", str(BACKGROUND_NICE), *part.command] if part.background else part.command,
             env={**self.env, **part.env},
             cwd=ROOT,
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        if part.background:
+            priority.yield_cores(part.process.pid, BACKGROUND_NICE)
         self.parts[part.name] = part
         ready, process = part.ready, part.process
         if ready is not None:
