@@ -33,7 +33,7 @@ def stack(tmp_path, _redis_everywhere):
     stack.manage("migrate", "--noinput", "-v0")
     try:
         stack.start_web()
-        stack.start(stack.celery_part())
+        stack.start_celery()
         yield stack
     finally:
         stack.stop_all()
