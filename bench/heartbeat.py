@@ -226,7 +226,7 @@ class Run:
                 "proxy": lambda: pids("proxy"),
                 "web": lambda: tree(*pids("web")),
                 "redis": lambda: pids("redis"),
-                "celery": lambda: tree(*pids("celery"), *pids("celery-batch")),
+                "celery": lambda: tree(*pids("celery")),
                 "postgres": lambda: postgres_backends(DATABASE),
                 "prometheus": lambda: pids("prometheus"),
                 "generator": lambda: tree(*fleet.pids),
@@ -356,7 +356,7 @@ def main() -> int:
                 break
         results["beaten_before_sweeper"] = len(beaten)
         print(f"{len(beaten)} of {len(nodes)} nodes beat before the sweeper started", file=sys.stderr)
-        stack.start_celery()
+        stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
         prometheus = stack.prometheus_port
 

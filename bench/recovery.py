@@ -105,7 +105,7 @@ class Run:
         self.stack.start(self.stack.redis_part())
         self.stack.prepare()
         self.stack.start_web()
-        self.stack.start_celery()
+        self.stack.start(self.stack.celery_part())
         os.environ.update(self.stack.env)
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "llmgw_site.settings")
         import django

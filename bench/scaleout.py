@@ -175,7 +175,7 @@ class ScaleOut:
         self.stack.start(self.stack.redis_part())
         self.stack.manage("migrate", "--noinput", "-v0")
         self.stack.start_web()
-        self.stack.start_celery()
+        self.stack.start(self.stack.celery_part())
         self.mark("stack up", instances=[b.name for b in self.stack.backends], workers_each=a.workers)
 
     def served(self) -> dict[str, int]:

@@ -140,7 +140,7 @@ class Soak:
         self.stack.start(self.stack.redis_part())
         self.admin_password = self.stack.prepare() or ""
         self.stack.start_web()
-        self.stack.start_celery()
+        self.stack.start(self.stack.celery_part())
         self.stack.start(self.stack.prometheus_part())
         for i in range(self.args.agents):
             self.stack.start(self.agent_part(i))

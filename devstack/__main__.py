@@ -35,7 +35,7 @@ def main() -> int:
         stack.start(redis)
         password = stack.prepare()
         stack.start_web()
-        stack.start_celery()
+        stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
         ca = str(tls.ensure(var).ca)
         stack.manage("setup_demo", "--var-dir", str(var), "--control-plane", base, "--ca-file", ca, capture=True)

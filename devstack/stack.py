@@ -31,10 +31,10 @@ PYTHON = str(ROOT / ".venv" / "bin" / "python") if (ROOT / ".venv").exists() els
 BIN = Path(PYTHON).parent
 
 
-# Sharing one machine with the web tier, the batch work (the /metrics render in Celery's batch worker,
-# Prometheus' scrape and rules) yields the cores to heartbeats and pages: each is a second of CPU in a
-# burst, which at equal priority held heartbeats up to a third of a second and more (docs/operations.md,
-# "Heartbeats at 10,000 nodes"). Where they have hosts of their own this changes nothing.
+# Sharing one machine with the web tier, the batch work (Celery's sweep and /metrics render, Prometheus'
+# scrape and rules) yields the cores to heartbeats and pages: each is a second of CPU in a burst, which
+# at equal priority held heartbeats up to a third of a second (docs/operations.md, "Heartbeats at
+# 10,000 nodes"). Where they have hosts of their own this changes nothing.
 BACKGROUND_NICE = 10
 
 
@@ -196,33 +196,25 @@ class Stack:
         self.start(self.proxy_part())
 
     def celery_part(self) -> Part:
-        """The worker of the default queue (the sweep, the reconcile, the keepers) with the embedded beat.
-
-        One worker with an embedded beat is right for one machine; production
-        runs them apart, with exactly one beat (docs/operations.md). It runs at
-        full weight: liveness and the way back after Redis lost its data wait on it.
-        """
+        # One worker with an embedded beat is right for one machine; production
+        # runs them apart, with exactly one beat (docs/operations.md).
         return Part(
             "celery",
             [
-                *celery_worker("celery", concurrency=2),
+                str(BIN / "celery"),
+                "-A",
+                "llmgw_site",
+                "worker",
                 "-B",
+                "--loglevel",
+                "INFO",
+                "--concurrency",
+                "2",
                 "--schedule",
                 str(self.var / "celerybeat-schedule"),
             ],
+            background=True,
         )
-
-    def batch_part(self) -> Part:
-        """The worker of the batch queue (the /metrics render, the prune), yielding the cores.
-
-        Without it the render is not made ahead, and /metrics renders on request.
-        """
-        return Part("celery-batch", celery_worker("batch", concurrency=1), background=True)
-
-    def start_celery(self) -> None:
-        """Both workers and the beat: what `make run` starts."""
-        self.start(self.celery_part())
-        self.start(self.batch_part())
 
     def prometheus_part(self) -> Part | None:
         binary = shutil.which("prometheus")
@@ -353,24 +345,6 @@ def given_join_token(env: dict[str, str]) -> str:
     if env.get("LLMGW_JOIN_TOKEN_FILE"):
         return Path(env["LLMGW_JOIN_TOKEN_FILE"]).read_text().strip()
     return env.get("LLMGW_JOIN_TOKEN", "")
-
-
-def celery_worker(queue: str, concurrency: int) -> list[str]:
-    """A Celery worker of one queue (settings.CELERY_TASK_ROUTES), named for it so that two share a host."""
-    return [
-        str(BIN / "celery"),
-        "-A",
-        "llmgw_site",
-        "worker",
-        "-Q",
-        queue,
-        "-n",
-        f"{queue}@%h",
-        "--loglevel",
-        "INFO",
-        "--concurrency",
-        str(concurrency),
-    ]
 
 
 def default_workers() -> int:

@@ -234,16 +234,6 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# The batch work (the /metrics render, the hourly prune) has a queue of its own, for a worker that yields
-# the cores (`-Q batch`, devstack's `celery-batch`, niced): a render is a second of CPU in a burst. The
-# sweep, the reconcile and the keepers stay on the default queue at full weight, since a fleet's
-# liveness, and its way back after Redis lost its data, wait on them. One worker for both: `-Q celery,batch`.
-CELERY_TASK_DEFAULT_QUEUE = "celery"
-BATCH_QUEUE = "batch"
-CELERY_TASK_ROUTES = {
-    "nodes.tasks.render_metrics": {"queue": BATCH_QUEUE},
-    "inventory.tasks.prune_events": {"queue": BATCH_QUEUE},
-}
 CELERY_BEAT_SCHEDULE = {
     "mark-stale": {"task": "inventory.tasks.mark_stale", "schedule": LLMGW_BEAT_PERIOD},
     "reconcile": {"task": "inventory.tasks.reconcile", "schedule": LLMGW_BEAT_PERIOD},

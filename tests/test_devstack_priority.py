@@ -4,7 +4,6 @@ in the kernel's terms: their own nice, and, where the kernel groups tasks by ses
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from devstack import priority
 from devstack.stack import BACKGROUND_NICE, Part, Stack
@@ -36,25 +35,9 @@ def test_a_background_part_runs_niced_and_so_does_its_session(stack):
     assert priority.session_nice(serving) == 0
 
 
-def test_the_batch_worker_and_prometheus_are_the_background_parts(stack):
-    assert stack.batch_part().background
+def test_celery_and_prometheus_are_the_background_parts(stack):
+    assert stack.celery_part().background
     prometheus = stack.prometheus_part()
     assert prometheus is None or prometheus.background
-    # The sweep and the keepers run at full weight: liveness and a recovery from an emptied Redis wait on them.
-    assert not stack.celery_part().background
     assert not stack.proxy_part().background
     assert not stack.web_part(0).background
-
-
-def queues(part) -> list[str]:
-    return part.command[part.command.index("-Q") + 1].split(",")
-
-
-def test_the_render_and_the_prune_go_to_the_batch_worker_and_the_rest_to_the_main_one(stack):
-    routed = {task: route["queue"] for task, route in settings.CELERY_TASK_ROUTES.items()}
-    assert routed == {"nodes.tasks.render_metrics": "batch", "inventory.tasks.prune_events": "batch"}
-    assert queues(stack.batch_part()) == ["batch"]
-    assert queues(stack.celery_part()) == [settings.CELERY_TASK_DEFAULT_QUEUE]
-    for entry in settings.CELERY_BEAT_SCHEDULE.values():
-        if entry["task"] not in routed:
-            assert "queue" not in entry.get("options", {})  # the default queue, the main worker's

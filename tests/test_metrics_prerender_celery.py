@@ -33,7 +33,7 @@ def stack(tmp_path, _redis_everywhere):
     stack.manage("migrate", "--noinput", "-v0")
     try:
         stack.start_web()
-        stack.start_celery()
+        stack.start(stack.celery_part())
         yield stack
     finally:
         stack.stop_all()

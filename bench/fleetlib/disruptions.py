@@ -314,7 +314,7 @@ class Recovery:
         at, at_wall = time.monotonic(), time.time()
         self.fleet.start(Phase("registered", HEARTBEAT, a.interval, a.watch + 5))
         time.sleep(a.interval)
-        self.stack.start_celery()
+        self.stack.start(self.stack.celery_part())
         time.sleep(max(at + a.watch + 5 - time.monotonic(), 0))
         stats = self.fleet.collect("registered")
         flaps = [t - at_wall for t in self.flaps(at_wall, time.time())]
@@ -355,7 +355,7 @@ class Recovery:
         else:
             self.fleet.start(Phase("first beats", HEARTBEAT, a.interval, a.interval))
             self.fleet.collect("first beats")
-            self.stack.start_celery()
+            self.stack.start(self.stack.celery_part())
             self.settle()
             self.settled.clear()  # no case before it
         acts: dict[str, tuple[Callable[[], None], str]] = {

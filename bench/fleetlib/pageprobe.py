@@ -117,7 +117,7 @@ def measure(args) -> dict:
         # Every node beats once before the sweeper starts, as bench/heartbeat.py does.
         fleet.start(Phase("first beats", HEARTBEAT, args.interval, args.interval))
         fleet.collect("first beats")
-        stack.start_celery()
+        stack.start(stack.celery_part())
         stack.start(stack.prometheus_part())
         cookie = session_cookie(stack)
         fleet.start(Phase("warm-up", HEARTBEAT, args.interval, 10))
