@@ -41,7 +41,7 @@ def yield_cores(pid: int, nice: int) -> bool:
 
 
 def session_nice(pid: int) -> int | None:
-    """The nice value the kernel weighs `pid`'s session at, or None where sessions are not grouped."""
+    """The nice value the kernel weighs `pid`'s session at; None where the kernel has no session groups."""
     try:
         # "/autogroup-123 nice 10"
         return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])

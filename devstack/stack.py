@@ -33,8 +33,9 @@ BIN = Path(PYTHON).parent
 
 # Sharing one machine with the web tier, the batch work (Celery's sweep and /metrics render, Prometheus'
 # scrape and rules) yields the cores to heartbeats and pages: each is a second of CPU in a burst, which
-# at equal priority held heartbeats up to a third of a second (docs/operations.md, "Heartbeats at
-# 10,000 nodes"). Where they have hosts of their own this changes nothing.
+# at equal priority held heartbeats for hundreds of milliseconds (docs/operations.md, "Heartbeats at
+# 10,000 nodes"). Its process's nice and its session's (devstack/priority.py) both say so. Where they
+# have hosts of their own this changes nothing.
 BACKGROUND_NICE = 10
 
 

@@ -1,6 +1,7 @@
 """The stack's background parts (Celery, Prometheus) run at a lower weight than the parts clients wait on,
 in the kernel's terms: their own nice, and, where the kernel groups tasks by session, their session's."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,11 @@ def test_a_background_part_runs_niced_and_so_does_its_session(stack):
     stack.start(Part("serving", ["sleep", "60"]))
     batch, serving = stack.parts["batch"].pid, stack.parts["serving"].pid
 
+    # Relative to this process's, which the parts inherit (a CI runner may itself run niced).
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
     # `nice` sets it, then runs the part: a moment after the start returns.
-    wait_until(lambda: own_nice(batch) == BACKGROUND_NICE, 5, "the background part at its nice")
-    assert own_nice(serving) == 0
+    wait_until(lambda: own_nice(batch) == min(ours + BACKGROUND_NICE, 19), 5, "the background part at its nice")
+    assert own_nice(serving) == ours
     if not priority.autogroups_enabled():
         pytest.skip("this kernel does not group tasks by session; the process's own nice is what weighs")
     # Each part leads a session of its own, and the kernel weighs sessions against each other by these.
