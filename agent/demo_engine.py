@@ -9,7 +9,8 @@ Prometheus and the pages have something real to measure. The "text" it returns i
 made up. With `LLMGW_ENGINE_API_KEY` set, as the agent starts it, `/v1/` requests
 must carry it as `Authorization: Bearer …`, as llama-server's and vLLM's do. A stream
 ends with its `usage` when the request asks (`stream_options.include_usage`), or always
-with `--enable-force-include-usage`, as vLLM (0.11.1 to 0.18) does.
+with `--enable-force-include-usage`, as vLLM (0.11.1 to 0.18) does; with
+`continuous_usage_stats` asked too, every event carries the running usage, as vLLM's do.
 """
 
 from __future__ import annotations
@@ -76,11 +77,7 @@ class Engine:
             "created": int(time.time()),
             "model": self.model,
             "choices": [{"index": 0, "text": text, "finish_reason": "length", "logprobs": None}],
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": max_tokens,
-                "total_tokens": prompt_tokens + max_tokens,
-            },
+            "usage": usage_of(prompt_tokens, max_tokens),
         }
 
     def generate(self, prompt: str, max_tokens: int) -> str:
@@ -161,6 +158,14 @@ class Engine:
         )
 
 
+def usage_of(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
 def chat_prompt(messages: object) -> str:
     """The messages' contents joined, as a chat template would feed them to a model."""
     if not isinstance(messages, list) or not all(
@@ -211,8 +216,10 @@ class Handler(BaseHTTPRequestHandler):
             return
         if request.get("stream") is True:
             options = request.get("stream_options")
-            usage = self.force_include_usage or (isinstance(options, dict) and options.get("include_usage") is True)
-            self._stream(prompt, max_tokens, chat, usage)
+            options = options if isinstance(options, dict) else {}
+            usage = self.force_include_usage or options.get("include_usage") is True
+            running = usage and options.get("continuous_usage_stats") is True
+            self._stream(prompt, max_tokens, chat, usage, running)
         elif chat:
             self._json(200, self._chat(self.engine.complete(prompt, max_tokens)))
         else:
@@ -239,11 +246,12 @@ class Handler(BaseHTTPRequestHandler):
             ],
         }
 
-    def _stream(self, prompt: str, max_tokens: int, chat: bool, usage: bool = False) -> None:
+    def _stream(self, prompt: str, max_tokens: int, chat: bool, usage: bool = False, running: bool = False) -> None:
         """Server-sent events, one per word, then `[DONE]`: the shape OpenAI clients read.
 
         With `stream_options: {"include_usage": true}` (or `--enable-force-include-usage`), as OpenAI
-        and vLLM do, a last event before `[DONE]` has no choices and the request's `usage`.
+        and vLLM do, a last event before `[DONE]` has no choices and the request's `usage`; with
+        `continuous_usage_stats` too (`running`), every word's event has the usage so far, as vLLM's.
         """
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:12]}"
         self.send_response(200)
@@ -252,17 +260,18 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
         words = self.engine.words(prompt, max_tokens)
+        prompt_tokens = len(prompt.split())
         try:
             for i, word in enumerate(words):
-                self._event(ident, chat, word if i == 0 else " " + word, "length" if i == max_tokens - 1 else None)
+                so_far = usage_of(prompt_tokens, i + 1) if running else None
+                finish = "length" if i == max_tokens - 1 else None
+                self._event(ident, chat, word if i == 0 else " " + word, finish, so_far)
             if usage:
-                prompt_tokens = len(prompt.split())
-                counted = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens}
                 event: dict[str, object] = {
                     "id": ident,
                     "object": "chat.completion.chunk" if chat else "text_completion",
                     "choices": [],
-                    "usage": {**counted, "total_tokens": prompt_tokens + max_tokens},
+                    "usage": usage_of(prompt_tokens, max_tokens),
                 }
                 self._chunk(f"data: {json.dumps(event)}\n\n".encode())
             self._chunk(b"data: [DONE]\n\n")
@@ -271,14 +280,18 @@ class Handler(BaseHTTPRequestHandler):
             # A client gone mid-stream: the words stop being made and the slot is freed.
             words.close()
 
-    def _event(self, ident: str, chat: bool, piece: str, finish: str | None) -> None:
+    def _event(self, ident: str, chat: bool, piece: str, finish: str | None, usage: dict[str, int] | None) -> None:
+        event: dict[str, object]
         if chat:
             choice = {"index": 0, "delta": {"content": piece}, "finish_reason": finish}
             event = {"id": ident, "object": "chat.completion.chunk", "model": self.engine.model}
         else:
             choice = {"index": 0, "text": piece, "finish_reason": finish}
             event = {"id": ident, "object": "text_completion", "model": self.engine.model}
-        self._chunk(f"data: {json.dumps({**event, 'choices': [choice]})}\n\n".encode())
+        event["choices"] = [choice]
+        if usage is not None:
+            event["usage"] = usage
+        self._chunk(f"data: {json.dumps(event)}\n\n".encode())
 
     def _chunk(self, data: bytes) -> None:
         self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")

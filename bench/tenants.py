@@ -139,15 +139,11 @@ def whole_answers(port: int, count: int) -> list[float]:
     return took
 
 
-def one_stream(port: int, chunks: int) -> None:
+def one_stream(port: int, chunks: int, running_usage: bool = False) -> None:
+    """A stream that ends with its usage, or (`running_usage`) has the usage so far on every event."""
+    options = {"include_usage": True, "continuous_usage_stats": running_usage}
     body = json.dumps(
-        {
-            "model": "stream",
-            "prompt": "x",
-            "max_tokens": chunks,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
+        {"model": "stream", "prompt": "x", "max_tokens": chunks, "stream": True, "stream_options": options}
     )
     connection = http.client.HTTPConnection("127.0.0.1", port)
     connection.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {KEY}"})

@@ -1,12 +1,14 @@
 """The usage filter under load, for a while: no crash, no growth, usage still exact.
 
 The gateway as shipped (deploy/gateway.cfg with its Lua usage filter, one thread) in front of
-two demo engines; `--clients` threads send streams (asking for usage) and whole answers of
-random sizes for `--seconds`, some clients closing streams mid-way. Every few seconds the
-totals are taken from HAProxy (`llmgw usage take`) as the sync takes them. At the end:
-the worker still the same process, its resident memory at the start and end of the load,
-and the tokens counted against the engine's own counters. Streams their client cuts go to
-a second engine (their usage may never come), reported apart.
+two demo engines; `--clients` threads send streams (asking for usage at their end, or half of
+them a running usage on every event, vLLM's continuous usage stats) and whole answers of random
+sizes for `--seconds`, some clients closing streams mid-way. Every few seconds the totals are
+taken from HAProxy (`llmgw usage take`) as the sync takes them. At the end: the worker still the
+same process, its resident memory at the start and end of the load, and the tokens counted
+against the engine's own counters. Streams their client cuts (each with a running usage) go to a
+second engine, reported apart: each is counted, its prompt exactly and its completion up to
+what the engine made before it saw the client gone.
 
     python -m bench.tenants_soak [--seconds 180] [--clients 16]
 """
@@ -70,16 +72,18 @@ class Client(threading.Thread):
         while time.monotonic() < self.until:
             tokens = self.random.randint(1, 64)
             stream = self.random.random() < 0.5
-            # Streams a client cuts go to their own engine ("cut"): their usage may never come, and
-            # the other engine's counters must then equal what was counted for it, exactly.
+            # Streams a client cuts go to their own engine ("cut"): their completion is counted only as
+            # far as the gateway saw, and the other engine's counters must equal what was counted, exactly.
             cutting = stream and self.random.random() < 0.05
+            running = cutting or (stream and self.random.random() < 0.5)
             body: dict[str, object] = {
                 "model": "cut" if cutting else "whole",
                 "prompt": "w " * self.random.randint(1, 50),
             }
             body["max_tokens"] = tokens
             if stream:
-                body.update(stream=True, stream_options={"include_usage": True})
+                options = {"include_usage": True, "continuous_usage_stats": running}
+                body.update(stream=True, stream_options=options)
             try:
                 connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
                 connection.request("POST", "/v1/completions", json.dumps(body), {"Authorization": f"Bearer {KEY}"})
@@ -146,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
             same_worker = worker_pid(process) == pid and process.poll() is None
             engine_prompt = engine_counter(engines["whole"], "vllm:prompt_tokens_total")
             engine_completion = engine_counter(engines["whole"], "vllm:generation_tokens_total")
+            cut_prompt = engine_counter(engines["cut"], "vllm:prompt_tokens_total")
             cut_completion = engine_counter(engines["cut"], "vllm:generation_tokens_total")
         finally:
             for each in processes:
@@ -196,7 +201,14 @@ def main(argv: list[str] | None = None) -> None:
             "target": None,
             "better": "higher",
         },
-        {"name": "cut_streams_counted", "value": cut_counted[0], "unit": "", "target": None, "better": "higher"},
+        {"name": "cut_streams_counted", "value": cut_counted[0], "unit": "", "target": cut, "better": "higher"},
+        {
+            "name": "cut_prompt_tokens_counted",
+            "value": cut_counted[1],
+            "unit": "",
+            "target": cut_prompt,
+            "better": "higher",
+        },
         {
             "name": "cut_completion_tokens_counted",
             "value": cut_counted[2],

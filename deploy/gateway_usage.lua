@@ -1,8 +1,12 @@
 -- The gateway's counter, in every answer's path: prompt and completion tokens per tenant, model and
--- server, as the engines report them in `usage` (the JSON body of an answer, or a stream's last event
--- before [DONE], which engines send when the request asks `stream_options: {"include_usage": true}`)
--- or, in llama-server's streams, which it ends with them whatever was asked, in `timings`;
--- and each stream's time to first token as its client sees it, per model and server.
+-- server, as the engines report them in `usage` (the JSON body of an answer, or a stream's events: its
+-- last before [DONE], which engines send when the request asks `stream_options: {"include_usage": true}`,
+-- or a running one on every event, with vLLM's continuous usage stats) or, in llama-server's streams,
+-- which it ends with them whatever was asked (and puts on every event with `timings_per_token`), in
+-- `timings`; and each stream's time to first token as its client sees it, per model and server.
+--
+-- A stream is counted as it passes: each usage it reports adds what it counts more than the one before,
+-- so a stream whose client goes away keeps the tokens its last running usage counted.
 --
 -- Loaded by deploy/gateway.cfg (`lua-load`, one thread: Debian's 2.6 Lua filter crashed with two).
 -- Totals stay in this process until the sync takes them with `llmgw usage take` on the admin
@@ -12,8 +16,9 @@
 -- object of a dozen tables, and a filter has at least three callbacks per request (`new`, then
 -- `http_headers` on each message: 2.6 calls it for both when it is defined, as it does
 -- `start_analyze`, and only such a callback can register for the answer's data), plus, when the
--- usage did not come with the answer's headers, one `http_payload` per piece until it has. Measured with callgrind (docs/gateway.md, "What it costs"); what is left to
--- this file is kept to plain string searches and no work on a request's way in.
+-- answer is not whole with its headers, one `http_payload` per piece until its end is seen (a whole
+-- answer's usage; a stream's [DONE]). Measured with callgrind (docs/gateway.md, "What it costs"); what
+-- is left to this file is kept to plain string searches and no work on a request's way in.
 
 local find, match, sub, byte, concat = string.find, string.match, string.sub, string.byte, table.concat
 local now = core.now
@@ -35,59 +40,73 @@ local first_tokens = {}
 
 -- A usage object cut between two pieces of an answer is kept (from its "usage" on) at most this long.
 local TAIL = 1024
+-- A stream's "data: [DONE]" and the blank line that ends it, with room for CRLFs.
+local DONE_AT_END = 20
 
--- The counts of the first `key` object in `text` that `counts` reads (prompt, completion); or nil and
--- where such an object begins that the text cuts short (the next piece completes it); or nil. Plain
+-- The counts of the last `key` object in `text` that `counts` reads (prompt, completion), or nil; and
+-- where such an object begins that the text cuts short (the next piece completes it), or nil. Plain
 -- searches first: most pieces of a stream hold neither key, and each found is checked at its place only.
+-- Objects are read where they lie, by position, not copied out: a running usage is on every event, and
+-- each string made is garbage to collect.
 local function counted_in(text, key, counts)
     local after = #key
+    local prompt, completion
     local at = find(text, key, 1, true)
     while at do
         local value = match(text, "^%s*:%s*()", at + after)
         if value == nil then
             if find(text, "^%s*:?%s*$", at + after) then
-                return nil, nil, at
+                return prompt, completion, at
             end
             at = find(text, key, at + after, true) -- the key's word as a string, not a key
         elseif value > #text then
-            return nil, nil, at
+            return prompt, completion, at
         elseif byte(text, value) ~= 123 then -- not an object ("usage": null in every chunk of some engines)
             at = find(text, key, value, true)
         else
-            local object = match(text, "^%b{}", value)
-            if object == nil then
-                return nil, nil, at
+            local close = match(text, "^%b{}()", value)
+            if close == nil then
+                return prompt, completion, at
             end
-            local prompt, completion = counts(object)
-            if prompt then
-                return prompt, completion
+            local p, c = counts(text, value, close)
+            if p then
+                prompt, completion = p, c
             end
-            at = find(text, key, value + #object, true)
+            at = find(text, key, close, true)
         end
     end
-    return nil
+    return prompt, completion
 end
 
-local function usage_counts(object)
-    local p = match(object, '"prompt_tokens"%s*:%s*(%d+)')
-    local c = match(object, '"completion_tokens"%s*:%s*(%d+)')
-    if p and c then
-        return tonumber(p), tonumber(c)
+-- The number after `pattern`'s key within text[from, to), or nil.
+local function number_in(text, pattern, from, to)
+    local at, _, digits = find(text, pattern, from)
+    if at and at < to then
+        return tonumber(digits)
+    end
+end
+
+local function usage_counts(text, from, to)
+    local p = number_in(text, '"prompt_tokens"%s*:%s*(%d+)', from, to)
+    local c = p and number_in(text, '"completion_tokens"%s*:%s*(%d+)', from, to)
+    if c then
+        return p, c
     end
 end
 
 -- llama-server ends every stream with `timings`, asked for usage or not: the prompt's tokens taken from
 -- its cache (cache_n) and read (prompt_n), and those it predicted, which its `usage` gives when asked.
-local function timings_counts(object)
-    local cached = match(object, '"cache_n"%s*:%s*(%d+)')
-    local p = match(object, '"prompt_n"%s*:%s*(%d+)')
-    local c = match(object, '"predicted_n"%s*:%s*(%d+)')
-    if cached and p and c then
-        return tonumber(cached) + tonumber(p), tonumber(c)
+local function timings_counts(text, from, to)
+    local cached = number_in(text, '"cache_n"%s*:%s*(%d+)', from, to)
+    local p = cached and number_in(text, '"prompt_n"%s*:%s*(%d+)', from, to)
+    local c = p and number_in(text, '"predicted_n"%s*:%s*(%d+)', from, to)
+    if c then
+        return cached + p, c
     end
 end
 
--- An answer's counts: its `usage` (where both appear, it comes first), else llama-server's `timings`.
+-- A piece's counts: its last `usage` (where both appear, as in an asked llama-server stream's last event,
+-- they agree), else llama-server's `timings`; and where a cut one begins.
 local function usage_in(text)
     local prompt, completion, cut = counted_in(text, '"usage"', usage_counts)
     if prompt or cut then
@@ -137,22 +156,58 @@ local function first_token(self, txn, arrived)
     counts[i + 1] = counts[i + 1] + 1
 end
 
+-- A usage seen. A whole answer has one, counted as it is. In a stream the request is counted at its first,
+-- and each later one (a running usage, or its last) adds only what it counts beyond the one before, so a
+-- usage read twice (a piece kept for a cut object, a first piece seen by both callbacks) adds nothing.
 local function add(self, txn, prompt, completion)
-    local key = (txn:get_var("txn.tenant") or "-") .. " " .. where(self, txn)
+    local key = self.key
+    if key == nil then
+        key = (txn:get_var("txn.tenant") or "-") .. " " .. where(self, txn)
+    end
     local total = totals[key]
     if total == nil then
         total = { 0, 0, 0 }
         totals[key] = total
     end
-    total[1] = total[1] + 1
-    total[2] = total[2] + prompt
-    total[3] = total[3] + completion
+    local had_prompt, had_completion = self.prompt, self.completion
+    if had_prompt == nil then
+        total[1] = total[1] + 1
+        if not self.stream then -- read no further: nothing to keep
+            total[2] = total[2] + prompt
+            total[3] = total[3] + completion
+            return
+        end
+        self.key = key
+        had_prompt, had_completion = 0, 0
+    end
+    if prompt > had_prompt then
+        total[2] = total[2] + prompt - had_prompt
+        had_prompt = prompt
+    end
+    if completion > had_completion then
+        total[3] = total[3] + completion - had_completion
+        had_completion = completion
+    end
+    self.prompt, self.completion = had_prompt, had_completion
+end
+
+-- Whether an answer's reading is over: a whole answer's once its usage is counted, a stream's at its
+-- [DONE] (a running usage is not its last), which ends the stream and so its last piece. Looked for
+-- only there, followed by its newline: no event's JSON has a raw newline in a string, so that is the
+-- event and not an answer's text. A [DONE] cut from its newline is not seen, and the stream is read
+-- on to its end, which is all that follows it.
+local function ended(self, text, prompt)
+    if self.stream then
+        local at = find(text, "data: [DONE]", -DONE_AT_END, true)
+        return at ~= nil and find(text, "^\r?\n", at + 12) ~= nil
+    end
+    return prompt ~= nil
 end
 
 -- On each message's headers (2.6 calls it for the request's too). An answer's are where a stream is told
--- apart (its headers are gone by its first data), and where a whole answer that came with them (most
--- do: a few hundred bytes) is read and counted at once, so that it costs no `http_payload` call; the
--- answer's data is registered for only when its usage is not there yet.
+-- apart (its headers are gone by its first data), and where an answer that came whole with them (most
+-- whole answers do: a few hundred bytes) is read and counted at once, so that it costs no `http_payload`
+-- call; the answer's data is registered for only when its end is not there yet.
 function Usage:http_headers(txn, msg)
     if msg ~= txn.http_res then
         return
@@ -160,7 +215,9 @@ function Usage:http_headers(txn, msg)
     local fetch = txn.f
     local content_type = fetch:res_fhdr("content-type")
     local stream = content_type ~= nil and find(content_type, "text/event-stream", 1, true)
-    if not stream then
+    if stream then
+        self.stream = true
+    else
         self.arrived = nil -- not timed
     end
     local body = fetch:res_body() -- what came with the headers
@@ -173,6 +230,8 @@ function Usage:http_headers(txn, msg)
         local prompt, completion = usage_in(body)
         if prompt then
             add(self, txn, prompt, completion)
+        end
+        if ended(self, body, prompt) then
             return
         end
     end
@@ -180,8 +239,8 @@ function Usage:http_headers(txn, msg)
     filter.register_data_filter(self, msg.channel)
 end
 
--- An answer has one `usage`: counted as soon as it is whole, then the rest of the answer passes
--- unread (no callback per later chunk, none at the end: each Lua call costs microseconds).
+-- Each piece of an answer until its end is seen (a whole answer's usage, a stream's [DONE]); then the
+-- rest passes unread (no callback per later chunk, none at the end: each Lua call costs microseconds).
 function Usage:http_payload(txn, msg)
     local data = msg:body() -- this piece only: what came before was seen by an earlier call
     if data == nil or data == "" then
@@ -200,6 +259,8 @@ function Usage:http_payload(txn, msg)
     local prompt, completion, cut = usage_in(text)
     if prompt then
         add(self, txn, prompt, completion)
+    end
+    if ended(self, text, prompt) then
         filter.unregister_data_filter(self, msg.channel)
         return
     end

@@ -114,12 +114,12 @@ def test_an_installed_binary_replaces_the_program():
     ("engine", "version", "how", "flag"),
     [
         # vLLM's flag ends a stream without stream_options with usage from 0.11.1 (before, only a
-        # stream that had them); from 0.19.0 it also puts usage on every event: not given then.
+        # stream that had them); from 0.19.0 it also puts the running usage on every event, counted too.
         ("vllm", "", StreamUsage.ASKED, None),
         ("vllm", "0.11.0", StreamUsage.ASKED, None),
         ("vllm", "0.11.1", StreamUsage.FLAG, "--enable-force-include-usage"),
         ("vllm", "0.18.1", StreamUsage.FLAG, "--enable-force-include-usage"),
-        ("vllm", "0.19.0", StreamUsage.ASKED, None),
+        ("vllm", "0.19.0", StreamUsage.FLAG, "--enable-force-include-usage"),
         ("sglang", "", StreamUsage.ASKED, None),
         ("sglang", "0.5.10", StreamUsage.FLAG, "--stream-response-default-include-usage"),
         ("llama.cpp", "", StreamUsage.TIMINGS, None),

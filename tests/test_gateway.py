@@ -254,23 +254,7 @@ def test_bad_requests_get_openai_shaped_errors(gateway, engine, key):
         assert error["message"] and error["type"] == "invalid_request_error"
         assert error["code"] == code
     assert gateway.post("/v1/embeddings", CHAT, key).status_code == 404
-    # A running usage on every event would be counted at its first, nearly empty one: refused, by name.
-    continuous = {**CHAT, "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
-    answer = gateway.post("/v1/chat/completions", continuous, key)
-    assert answer.status_code == 400, answer.text
-    assert answer.json()["error"]["param"] == "stream_options.continuous_usage_stats"
-    assert running.tokens_generated() == before
-    continuous["stream_options"]["continuous_usage_stats"] = False
-    assert gateway.post("/v1/chat/completions", continuous, key).status_code == 200
-    # So would llama-server's running timings, of which its streams' last are counted.
-    before = running.tokens_generated()
-    per_token = {**CHAT, "stream": True, "timings_per_token": True}
-    answer = gateway.post("/v1/chat/completions", per_token, key)
-    assert answer.status_code == 400, answer.text
-    assert answer.json()["error"]["param"] == "timings_per_token"
-    assert running.tokens_generated() == before
-    per_token["timings_per_token"] = False
-    assert gateway.post("/v1/chat/completions", per_token, key).status_code == 200
+    assert running.tokens_generated() == before  # none reached the engine
 
 
 @pytest.mark.django_db

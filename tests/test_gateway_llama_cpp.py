@@ -193,6 +193,17 @@ def test_streams_are_counted_as_the_engine_counts_them_where_it_reports_usage(ll
         assert counted == (sum(u["prompt_tokens"] for u in reported), sum(u["completion_tokens"] for u in reported))
         engine = (before[0] + counted[0], before[1] + counted[1])
         wait_until(lambda: engine_tokens(port, secret) == engine, 10, f"the engine's counters at {engine}")
+        Usage.objects.all().delete()
+
+        # A chat stream asking for running timings: timings on every event, counted once for all of them.
+        before = engine_tokens(port, secret)
+        events = stream_events(ask(gateway, {**chat, "timings_per_token": True}, key, stream=True))
+        assert sum("timings" in event for event in events) > 2
+        wait_until(moved, 10, "the engine to count the stream")
+        gateway.sync.run_once()
+        (row,) = Usage.objects.all()
+        assert row.requests == 1 and row.completion_tokens > 0
+        assert engine_tokens(port, secret) == (before[0] + row.prompt_tokens, before[1] + row.completion_tokens)
     finally:
         gateway.stop()
         stop_engine(process)

@@ -20,6 +20,7 @@ from prometheus_client import generate_latest
 
 from agent import enginekinds
 from agent.enginekinds.record import StreamUsage
+from devstack.polling import wait_until
 from devstack.ports import free_port
 from gateway.models import ApiKey, Tenant, Usage
 from gateway.usage import Counted
@@ -153,6 +154,61 @@ def test_a_stream_whose_client_did_not_ask_is_not_counted_from_an_engine_that_re
     assert engine.tokens_generated() == 4 and not Usage.objects.exists()
 
 
+def test_a_running_usage_on_every_event_is_counted_once_as_the_engine_counts_it(gateway, engine):
+    """vLLM's continuous usage stats: each event's usage counts the stream so far; counted at the last."""
+    key = key_for("acme")
+    gateway.sync.run_once()
+    seen = Counted()
+    for i in range(1, 6):
+        path, body = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "w " * i}]})
+        if i % 2:
+            path, body = "/v1/completions", {"prompt": "w " * i}
+        options = {"include_usage": True, "continuous_usage_stats": True}
+        body.update(model="chat", max_tokens=2 * i, stream=True, stream_options=options)
+        answer = gateway.post(path, body, key, stream=True)
+        assert answer.status_code == 200, answer.text
+        events = [line.removeprefix(b"data: ") for line in answer.iter_lines() if line]
+        assert events[-1] == b"[DONE]"
+        running = [json.loads(event)["usage"]["completion_tokens"] for event in events[:-2]]
+        assert running == list(range(1, 2 * i + 1))  # a running usage on each of the answer's events
+        last = json.loads(events[-2])["usage"]
+        seen.add(Counted(1, last["prompt_tokens"], last["completion_tokens"]))
+    gateway.sync.run_once()
+    assert totals() == seen
+    assert seen.prompt_tokens == engine.gauge("vllm:prompt_tokens_total") > 0
+    assert seen.completion_tokens == engine.tokens_generated() == sum(range(2, 11, 2))
+
+
+@pytest.fixture
+def slow_engine(gateway, db):
+    """A demo engine that takes 50 ms a token: a stream lasts long enough to be left mid-way."""
+    running = start_engine(gateway, "--ms-between-tokens", "50")
+    yield running
+    running.stop()
+
+
+def test_a_client_gone_mid_stream_keeps_the_tokens_its_running_usage_counted(gateway, slow_engine):
+    key = key_for("acme")
+    gateway.sync.run_once()
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"model": "chat", "prompt": "a b c", "max_tokens": 200, "stream": True, "stream_options": options}
+    answer = gateway.post("/v1/completions", body, key, stream=True)
+    received = 0
+    for line in answer.iter_lines():
+        if line.startswith(b"data: {"):
+            received = json.loads(line.removeprefix(b"data: "))["usage"]["completion_tokens"]
+            if received == 5:
+                break
+    answer.close()  # gone, 195 tokens short of the end
+    wait_until(lambda: slow_engine.gauge("vllm:num_requests_running") == 0, 10, "the engine to drop the stream")
+    gateway.sync.run_once()
+    counted = totals()
+    assert counted.requests == 1 and counted.prompt_tokens == 3 == slow_engine.gauge("vllm:prompt_tokens_total")
+    # At least what the client read; at most what the engine made before it saw the stream gone (the
+    # token whose write failed, and those HAProxy got as it closed).
+    assert received <= counted.completion_tokens <= slow_engine.tokens_generated() < 200
+
+
 def ttft_samples(exported: str, replica: str) -> dict[str, float]:
     """The gateway's time-to-first-token series for `chat` on `replica`: bucket bounds, count and sum."""
     name = "llmgw_gateway_time_to_first_token_seconds"
@@ -212,7 +268,7 @@ class CutUsage(BaseHTTPRequestHandler):
     answers come in two pieces, the usage in the second."""
 
     protocol_version = "HTTP/1.1"
-    PIECES = (
+    PIECES: tuple[bytes, ...] = (
         b'data: {"choices":[{"text":"a"}],"usage":null}\n\ndata: {"choices":[],"us',
         b'age": {"prompt_tokens": 7, "compl',
         b'etion_tokens": 9, "total_tokens": 16}}\n\ndata: [DONE]\n\n',
@@ -250,7 +306,25 @@ class CutTimings(CutUsage):
     )
 
 
-@pytest.mark.parametrize("engine_answer", [CutUsage, CutTimings], ids=["usage", "timings"])
+class CutRunningUsage(CutUsage):
+    """vLLM's continuous usage stats: a running usage on every event, counted as the stream goes. One is cut
+    in three, two share a piece, an answer's text says `data: [DONE]` (not the end: more usage follows),
+    and the real [DONE] comes cut from its newline."""
+
+    PIECES = (
+        b'data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":7,"completion_tokens":1}}\n\n',
+        b'data: {"choices":[{"text":"data: [DONE]"}],"usage":{"prompt_tokens":7,"completion_tokens":2}}\n\n'
+        b'data: {"choices":[{"text":"b"}],"usage":{"prompt_tokens":7,"compl',
+        b'etion_tokens":3}}\n\ndata: {"choices":[{"text":"c"}],"us',
+        b'age":{"prompt_tokens":7,"completion_tokens":8}}\n\n',
+        b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":9}}\n\ndata: [DONE]',
+        b"\n\n",
+    )
+
+
+@pytest.mark.parametrize(
+    "engine_answer", [CutUsage, CutTimings, CutRunningUsage], ids=["usage", "timings", "running-usage"]
+)
 def test_a_usage_cut_between_pieces_of_an_answer_is_counted_once_whole(gateway, db, engine_answer):
     replica = serve("gw-1", 0)
     server = ThreadingHTTPServer(("127.0.0.1", free_port()), engine_answer)

@@ -47,9 +47,9 @@ METRICS = {**METRICS_BEFORE_0_10, Signal.KV_CACHE_USAGE: Source("vllm:kv_cache_u
 
 # --enable-force-include-usage (0.9.2) ended every stream with its usage only when the request had
 # stream_options; from 0.11.1 also without (vllm/entrypoints/utils.py, should_include_usage). From
-# 0.19.0 it also puts the running usage on every event, of which the gateway would count the first.
+# 0.19.0 it also puts the running usage on every event, which the gateway counts as it passes.
 FORCED_USAGE = UsageInStreams("0.11.1", StreamUsage.FLAG, ("--enable-force-include-usage",))
-STREAM_USAGE = (ASKED_ONLY, FORCED_USAGE, UsageInStreams("0.19.0", StreamUsage.ASKED))
+STREAM_USAGE = (ASKED_ONLY, FORCED_USAGE)
 
 KIND = EngineKind(
     name="vllm",
