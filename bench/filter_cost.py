@@ -3,13 +3,13 @@ machine's load does not move them (bench.tenants' latencies and CPU times do, by
 
 The same sides as bench.tenants ("off", "limits", "on" as shipped, "before" with `--lua-before FILE`),
 each an HAProxy run under callgrind in turn, in front of the same stand-in engines: instructions per
-whole answer (an engine that costs nothing) and per stream of `--chunks` chunks (the demo engine;
-with `--running-usage`, streams with the usage so far on every event, vLLM's continuous usage stats),
+whole answer (an engine that costs nothing) and per stream of `--chunks` chunks (the demo engine,
+its streams asked by the relay for the usage so far on every event, as a demo deployment's are),
 counted between a warm-up and the end (`callgrind_control` zeroes, then dumps). Differences between
 sides are the cost of what one adds; instructions are not time (callgrind counts a `rep movsb` copy
 as one per byte, and knows no cache misses), but they are exact and the same from run to run.
 
-    python -m bench.filter_cost [--requests 500] [--streams 40] [--chunks 50] [--running-usage] [--lua-before FILE]
+    python -m bench.filter_cost [--requests 500] [--streams 40] [--chunks 50] [--lua-before FILE]
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ from devstack.ports import free_port, port_open
 from gateway.haproxy_config import Paths
 
 
-def streams(port: int, count: int, chunks: int, running_usage: bool = False) -> None:
+def streams(port: int, count: int, chunks: int) -> None:
     for _ in range(count):
-        tenants.one_stream(port, chunks, running_usage)
+        tenants.one_stream(port, chunks)
 
 
 def instructions(directory: Path, port: int, work, warm) -> int:
@@ -62,7 +62,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, default=40, help="streams per side")
     parser.add_argument("--chunks", type=int, default=50, help="chunks of each stream")
     parser.add_argument("--lua-before", type=Path, help="another usage filter to count as side 'before'")
-    parser.add_argument("--running-usage", action="store_true", help="streams with a running usage on every event")
     args = parser.parse_args(argv)
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         sys.exit("valgrind is missing: apt-get install valgrind")
@@ -99,8 +98,8 @@ def main(argv: list[str] | None = None) -> None:
                 streamed = instructions(
                     here,
                     port,
-                    lambda p=port: streams(p, args.streams, args.chunks, args.running_usage),
-                    lambda p=port: streams(p, 5, args.chunks, args.running_usage),
+                    lambda p=port: streams(p, args.streams, args.chunks),
+                    lambda p=port: streams(p, 5, args.chunks),
                 )
                 per_stream[side] = streamed / args.streams
                 print(f"{side}: {per_request[side]:,.0f} per request, {per_stream[side]:,.0f} per stream", flush=True)
@@ -147,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
                 }
             )
     rows.append({"name": "chunks_per_stream", "value": args.chunks, "unit": "", "target": None, "better": "higher"})
-    write_results("filter_cost-running-usage" if args.running_usage else "filter_cost", rows)
+    write_results("filter_cost", rows)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from agent import enginekinds
 from bench.agent_cost import cpu_ns, write_results
 from devstack import gateway as devgateway
 from devstack.polling import wait_until
@@ -85,12 +86,16 @@ def fixed_engine(directory: Path) -> tuple[subprocess.Popen, int]:
     return process, port
 
 
+# What the sync gives a demo deployment's backend: the members the relay adds to its streams.
+RUNNING_USAGE = enginekinds.get("demo").running_usage
+
+
 def configure(directory: Path, engines: dict[str, int], side: str, lua_before: Path | None = None) -> int:
     """The shipped config for one side, written into `directory`; the port it will listen on."""
     port = free_port()
     paths = Paths(directory)
     backends = {
-        served: Backend(served, SECRET, (Server(f"{served}-r1", "127.0.0.1", engine),))
+        served: Backend(served, SECRET, (Server(f"{served}-r1", "127.0.0.1", engine),), running_usage=RUNNING_USAGE)
         for served, engine in engines.items()
     }
     desired = Desired(
@@ -139,12 +144,9 @@ def whole_answers(port: int, count: int) -> list[float]:
     return took
 
 
-def one_stream(port: int, chunks: int, running_usage: bool = False) -> None:
-    """A stream that ends with its usage, or (`running_usage`) has the usage so far on every event."""
-    options = {"include_usage": True, "continuous_usage_stats": running_usage}
-    body = json.dumps(
-        {"model": "stream", "prompt": "x", "max_tokens": chunks, "stream": True, "stream_options": options}
-    )
+def one_stream(port: int, chunks: int) -> None:
+    """A stream whose client asks for no usage: the relay asks for the running usage, as for a demo deployment."""
+    body = json.dumps({"model": "stream", "prompt": "x", "max_tokens": chunks, "stream": True})
     connection = http.client.HTTPConnection("127.0.0.1", port)
     connection.request("POST", "/v1/completions", body, {"Authorization": f"Bearer {KEY}"})
     answer = connection.getresponse()

@@ -1,12 +1,12 @@
 """The usage filter under load, for a while: no crash, no growth, usage still exact.
 
 The gateway as shipped (deploy/gateway.cfg with its Lua usage filter, one thread) in front of
-two demo engines; `--clients` threads send streams (asking for usage at their end, or half of
-them a running usage on every event, vLLM's continuous usage stats) and whole answers of random
-sizes for `--seconds`, some clients closing streams mid-way. Every few seconds the totals are
+two demo engines; `--clients` threads send streams (asking for no usage: the relay asks for a
+running usage on every event, as for a demo deployment) and whole answers of random sizes for
+`--seconds`, some clients closing streams mid-way. Every few seconds the totals are
 taken from HAProxy (`llmgw usage take`) as the sync takes them. At the end: the worker still the
 same process, its resident memory at the start and end of the load, and the tokens counted
-against the engine's own counters. Streams their client cuts (each with a running usage) go to a
+against the engine's own counters. Streams their client cuts go to a
 second engine, reported apart: each is counted, its prompt exactly and its completion up to
 what the engine made before it saw the client gone.
 
@@ -75,15 +75,13 @@ class Client(threading.Thread):
             # Streams a client cuts go to their own engine ("cut"): their completion is counted only as
             # far as the gateway saw, and the other engine's counters must equal what was counted, exactly.
             cutting = stream and self.random.random() < 0.05
-            running = cutting or (stream and self.random.random() < 0.5)
             body: dict[str, object] = {
                 "model": "cut" if cutting else "whole",
                 "prompt": "w " * self.random.randint(1, 50),
             }
             body["max_tokens"] = tokens
             if stream:
-                options = {"include_usage": True, "continuous_usage_stats": running}
-                body.update(stream=True, stream_options=options)
+                body["stream"] = True
             try:
                 connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
                 connection.request("POST", "/v1/completions", json.dumps(body), {"Authorization": f"Bearer {KEY}"})

@@ -11,6 +11,8 @@
 -- The answer's chunks are relayed as they come; an answer that ends before its chunked end gets
 -- the error event, then ends cleanly.
 --
+-- On the way, the request asks its engine for a running usage (with_running_usage).
+--
 -- Loaded by deploy/gateway.cfg (`lua-load`), which sets LLMGW_RELAY_SOCKET (`setenv`) first.
 
 local SOCKET = "unix@" .. assert(os.getenv("LLMGW_RELAY_SOCKET"), "LLMGW_RELAY_SOCKET is not set")
@@ -120,8 +122,26 @@ local function relay_body(applet, upstream, chunked, length)
     end
 end
 
+-- `body` with `members` (",name:value…", from running_usage.map: what the backend's engine kind needs
+-- to put a running usage on every event) before its closing brace, after the client's own members, so
+-- they win where both name one: the stream is counted as it passes, up to where a client that leaves
+-- left. A body that does not end its object there is sent as it came, for the engine to refuse.
+local function with_running_usage(body, members)
+    if members == nil or members == "" then
+        return body
+    end
+    local last = #body
+    while last > 0 and string.find(" \t\r\n", string.sub(body, last, last), 1, true) do
+        last = last - 1
+    end
+    if last == 0 or string.byte(body, last) ~= 125 then -- "}"
+        return body
+    end
+    return string.sub(body, 1, last - 1) .. members .. string.sub(body, last)
+end
+
 local function relay(applet)
-    local body = applet:receive() or ""
+    local body = with_running_usage(applet:receive() or "", applet:get_var("txn.running_usage"))
     local upstream = core.tcp()
     upstream:settimeout(TIMEOUT)
     if not upstream:connect(SOCKET) then

@@ -27,7 +27,12 @@ RELAY_LUA = ROOT / "deploy" / "gateway_relay.lua"
 # stream passed under a 2 s limit), which a stream of many tokens adds up past the default 4 s.
 RELAY_LUA_TIMEOUT = "10m"
 # Streams go through the relay: a body whose `stream` is true (json_query answers the boolean).
-RELAY_STREAMS = "    http-request use-service lua.llmgw_relay if { req.body,json_query('$.stream') -m bool }"
+# A stream goes through the relay, with what its engine needs to put a running usage on every event.
+RELAY_STREAMS = (
+    "    acl streamed req.body,json_query('$.stream') -m bool\n"
+    "    http-request set-var(txn.running_usage) var(txn.backend),map({running_usage_map}) if streamed\n"
+    "    http-request use-service lua.llmgw_relay if streamed"
+)
 # The largest request body admitted by default; larger ones get 413 before reaching an engine.
 # req.body sees one buffer, so the buffer is sized to hold it (`Frontend.bufsize`); HAProxy
 # needs glibc's allocator fixed for buffers this large (docs/gateway.md, "What it costs"), and
@@ -74,6 +79,8 @@ class Backend:
     servers: tuple[Server, ...] = ()
     # Requests that start alike go to one replica, for engines that cache prompts (PREFIX_AFFINITY).
     prefix_affinity: bool = False
+    # What its engine kind's record adds to a streamed request for a running usage (EngineKind.running_usage).
+    running_usage: str = ""
 
     @property
     def name(self) -> str:
@@ -102,6 +109,10 @@ class Desired:
 
     def models_map(self) -> dict[str, str]:
         return {served: backend.name for served, backend in self.backends.items()}
+
+    def running_usage_map(self) -> dict[str, str]:
+        """Backend → what the stream relay appends to a streamed request's JSON object (no spaces: a map value)."""
+        return {b.name: "," + b.running_usage for b in self.backends.values() if b.running_usage}
 
     def catalog(self) -> str:
         """GET /v1/models: the served models with a ready server, as OpenAI lists them (no spaces: a map value)."""
@@ -221,6 +232,10 @@ class Paths:
     @property
     def models_map(self) -> Path:
         return self.directory / "models.map"
+
+    @property
+    def running_usage_map(self) -> Path:
+        return self.directory / "running_usage.map"
 
     @property
     def rps_map(self) -> Path:
@@ -475,6 +490,10 @@ def backend_section(backend: Backend, fair_map: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def relay_streams(paths: Paths) -> str:
+    return RELAY_STREAMS.replace("{running_usage_map}", str(paths.running_usage_map))
+
+
 def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | None = None) -> str:
     """deploy/gateway.cfg with its placeholders filled; a placeholder left over is a mistake, not a default."""
     text = TEMPLATE.read_text() if template is None else template
@@ -487,7 +506,7 @@ def render(paths: Paths, frontend: Frontend, desired: Desired, template: str | N
         "relay_lua": str(RELAY_LUA),
         "relay_lua_timeout": RELAY_LUA_TIMEOUT,
         "relay_socket": str(paths.relay_socket),
-        "relay_streams": RELAY_STREAMS if frontend.relay else "",
+        "relay_streams": relay_streams(paths) if frontend.relay else "",
         "keys_map": str(paths.keys_map),
         "models_map": str(paths.models_map),
         "catalog_map": str(paths.catalog_map),
@@ -546,6 +565,7 @@ def write_all(paths: Paths, frontend: Frontend, desired: Desired) -> bool:
         write_private(paths.errors / f"{code}.http", error_page(code, frontend.max_body))
     write_private(paths.keys_map, map_text(desired.keys).encode())
     write_private(paths.models_map, map_text(desired.models_map()).encode())
+    write_private(paths.running_usage_map, map_text(desired.running_usage_map()).encode())
     write_private(paths.catalog_map, map_text(desired.catalog_map()).encode())
     write_private(paths.rps_map, map_text(desired.requests_per_second).encode())
     write_private(paths.concurrency_map, map_text(desired.concurrent_requests).encode())

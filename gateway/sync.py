@@ -103,6 +103,7 @@ class Sync:
                 self._repair_servers(backend, actual.get(backend.name, {}), in_flight, limits, done)
             self._report(in_flight, done)
             self._repair_map(self.paths.models_map, desired.models_map(), done)
+            self._repair_map(self.paths.running_usage_map, desired.running_usage_map(), done)
             self._repair_map(self.paths.keys_map, desired.keys, done)
             self._repair_map(self.paths.catalog_map, desired.catalog_map(), done)
             self._repair_map(self.paths.rps_map, desired.requests_per_second, done)

@@ -12,11 +12,17 @@ from collections import defaultdict
 
 from django.db.models import Exists, OuterRef
 
+from agent import enginekinds
 from gateway import budgets
 from gateway.haproxy_config import Backend, Desired, Server
 from gateway.models import ApiKey, Tenant
 from inventory.endpoints import trusted_address
 from inventory.models import GPU, Deployment, GPUCondition, Node, ReplicaState, Shard
+
+
+def running_usage(engine: str) -> str:
+    kind = enginekinds.BY_NAME.get(engine)
+    return kind.running_usage if kind is not None else ""
 
 
 def read() -> Desired:
@@ -49,7 +55,7 @@ def read() -> Desired:
             leaders[replica] = (deployment, replica, trusted_address(claimed, source), port)
     deployments = list(
         Deployment.objects.values_list(
-            "pk", "served_model_name", "engine_secret", "prefix_affinity", "max_in_flight_per_replica"
+            "pk", "served_model_name", "engine_secret", "prefix_affinity", "engine", "max_in_flight_per_replica"
         )
     )
     # Each server's maxconn: past it the gateway queues, tenants under their fair share first (gateway.fairness).
@@ -62,8 +68,8 @@ def read() -> Desired:
             server = Server(name=name, address=address.strip("[]"), port=port, maxconn=maxconn.get(deployment, 0))
             servers[deployment].append(server)
     backends = {
-        served: Backend(served, secret, tuple(servers.get(pk, ())), affinity)
-        for pk, served, secret, affinity, _ in deployments
+        served: Backend(served, secret, tuple(servers.get(pk, ())), affinity, running_usage(engine))
+        for pk, served, secret, affinity, engine, _ in deployments
     }
     keys = dict(ApiKey.objects.usable().values_list("digest", "tenant__name"))
     limits = Tenant.objects.filter(active=True).values_list("name", "requests_per_second", "concurrent_requests")

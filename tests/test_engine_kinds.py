@@ -151,6 +151,14 @@ def test_the_engines_doc_tells_each_kinds_stream_usage_as_its_record_does():
     assert not missing, "\n".join(missing)
 
 
+def test_the_engines_doc_tells_what_the_gateway_adds_to_each_kinds_streams_as_its_record_does():
+    text = (ROOT / "docs" / "engines.md").read_text()
+    added = {kind.name: f"`{kind.running_usage}`" if kind.running_usage else "—" for kind in enginekinds.KINDS}
+    rows = [f"| `{name}` | {members} |" for name, members in added.items()]
+    missing = [row for row in rows if row not in text]
+    assert not missing, "\n".join(missing)
+
+
 def test_the_command_engine_fills_in_port_and_model():
     argv = enginekinds.command_line("command", Launch("/m/x", 7000, extra=("run", "--port={port}", "{model}")))
     assert argv == ["run", "--port=7000", "/m/x"]

@@ -160,12 +160,13 @@ def test_streams_are_counted_as_the_engine_counts_them_where_it_reports_usage(ll
         gateway.program()
         chat = {**QUESTION, "max_tokens": 8, "stream": True}
 
-        # A chat stream whose client did not ask: no usage, counted from its timings, equal to what the
-        # engine counted for it. Its counters move when its slot is released, just after the last event.
+        # A chat stream whose client did not ask: no usage, but running timings on every event (the relay
+        # asked for them), counted once for all of them, equal to what the engine counted for it. Its
+        # counters move when its slot is released, just after the last event.
         before = engine_tokens(port, secret)
         events = stream_events(ask(gateway, chat, key, stream=True))
         assert not [event for event in events if "usage" in event]
-        assert "timings" in events[-1]
+        assert sum("timings" in event for event in events) > 2
 
         def moved() -> bool:
             return all(now > then for now, then in zip(engine_tokens(port, secret), before, strict=True))
@@ -195,15 +196,24 @@ def test_streams_are_counted_as_the_engine_counts_them_where_it_reports_usage(ll
         wait_until(lambda: engine_tokens(port, secret) == engine, 10, f"the engine's counters at {engine}")
         Usage.objects.all().delete()
 
-        # A chat stream asking for running timings: timings on every event, counted once for all of them.
+        # A chat stream whose client leaves after 3 events of a 200-token answer, having asked for nothing:
+        # counted as far as the relay's running timings got, its prompt as the engine counted it.
         before = engine_tokens(port, secret)
-        events = stream_events(ask(gateway, {**chat, "timings_per_token": True}, key, stream=True))
-        assert sum("timings" in event for event in events) > 2
-        wait_until(moved, 10, "the engine to count the stream")
+        story = [{"role": "user", "content": "Write a long story about a dragon who learns to read."}]
+        answer = ask(gateway, {**chat, "messages": story, "max_tokens": 200}, key, stream=True)
+        received = 0
+        for line in answer.iter_lines():
+            if line.startswith(b"data: {"):
+                received += 1
+                if received == 3:
+                    break
+        answer.close()
+        wait_until(moved, 30, "the engine to count the stream it lost")
         gateway.sync.run_once()
         (row,) = Usage.objects.all()
-        assert row.requests == 1 and row.completion_tokens > 0
-        assert engine_tokens(port, secret) == (before[0] + row.prompt_tokens, before[1] + row.completion_tokens)
+        engine_moved = [now - then for now, then in zip(engine_tokens(port, secret), before, strict=True)]
+        assert row.requests == 1 and row.prompt_tokens == engine_moved[0]
+        assert received - 1 <= row.completion_tokens <= engine_moved[1] < 200
     finally:
         gateway.stop()
         stop_engine(process)

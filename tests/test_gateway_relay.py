@@ -17,8 +17,10 @@ import time
 
 import pytest
 
+from agent import enginekinds
 from gateway.runtime import ask
-from inventory.models import ReplicaState, Shard
+from inventory.models import Deployment, ReplicaState, Shard
+from inventory.models import Engine as EngineKind
 from tests.test_gateway import Engine, Gateway, serve
 
 pytestmark = pytest.mark.slow
@@ -43,6 +45,7 @@ class ScriptedEngine(threading.Thread):
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.heads: list[bytes] = []
+        self.bodies: list[bytes] = []
         self.start()
 
     def run(self) -> None:
@@ -66,6 +69,7 @@ class ScriptedEngine(threading.Thread):
         while len(body) < length:
             body += connection.recv(65536)
         self.heads.append(head)
+        self.bodies.append(body)
         connection.sendall(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
             b"Connection: close\r\n\r\n"
@@ -87,8 +91,8 @@ def scripted(gateway: Gateway, chunks: list[bytes], end: bool = True) -> Scripte
     return made
 
 
-def request_bytes(body: dict, key: str, extra: bytes = b"") -> bytes:
-    data = json.dumps(body).encode()
+def request_bytes(body: dict, key: str, extra: bytes = b"", raw: bytes | None = None) -> bytes:
+    data = json.dumps(body).encode() if raw is None else raw
     return (
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: gateway\r\nConnection: close\r\n"
         b"Authorization: Bearer %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n%s"
@@ -198,6 +202,30 @@ def test_a_stream_its_engine_ends_without_the_chunked_end_gets_the_error_event_a
     status, body, complete = dechunk(read_to_end(connection))
     assert (status, complete) == (200, True)
     assert body == b'data: {"a": 1}\n\ndata: {"b"\n\n' + b"data: " + json.dumps(CUT_EVENT).encode() + b"\n\n"
+
+
+@pytest.mark.django_db
+def test_the_relay_asks_a_stream_for_the_running_usage_its_engine_kind_names_after_the_clients_members(gateway, key):
+    engine = scripted(gateway, [b"data: [DONE]\n\n"])
+    # A client that declined usage, its object spaced and ended by a newline.
+    sent = b'{"model": "chat", "messages": [{"role": "user", "content": "x"}], "stream": true,'
+    sent += b' "stream_options": {"include_usage": false}, "temperature": 0}\n'
+    for kind in (EngineKind.VLLM, EngineKind.COMMAND):
+        Deployment.objects.update(engine=kind)
+        gateway.program()
+        connection = socket.create_connection(("127.0.0.1", gateway.port))
+        connection.sendall(request_bytes(json.loads(sent), key, raw=sent))
+        assert dechunk(read_to_end(connection))[:2] == (200, b"data: [DONE]\n\n")
+    to_vllm, to_command = engine.bodies
+    # vLLM's running usage, in place of the client's stream_options; the client's other members as sent.
+    asked = json.loads(to_vllm)
+    assert asked["stream_options"] == json.loads("{" + enginekinds.get("vllm").running_usage + "}")["stream_options"]
+    assert asked["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert {k: v for k, v in asked.items() if k != "stream_options"} == {
+        k: v for k, v in json.loads(sent).items() if k != "stream_options"
+    }
+    # A command engine's record names nothing: its stream goes as the client sent it.
+    assert to_command == sent
 
 
 @pytest.mark.django_db

@@ -132,9 +132,11 @@ def test_streams_whose_clients_did_not_ask_for_usage_are_counted_from_an_engine_
             body["stream_options"] = {"include_usage": False}  # declined: counted all the same, as vLLM does
         events = [line.removeprefix(b"data: ") for line in gateway.post(path, body, key, stream=True).iter_lines()]
         events = [json.loads(event) for event in events if event and event != b"[DONE]"]
-        # What a client that did not ask sees: one more event, with no choices, as OpenAI sends when asked.
+        # What a client that did not ask sees: the running usage the gateway asked for on each event, and
+        # one more event with no choices, as OpenAI sends when asked.
         *answer, last = events
-        assert last["choices"] == [] and all(event["choices"] and "usage" not in event for event in answer)
+        assert last["choices"] == [] and all(event["choices"] for event in answer)
+        assert [event["usage"]["completion_tokens"] for event in answer] == list(range(1, i + 1))
         seen.add(Counted(1, last["usage"]["prompt_tokens"], last["usage"]["completion_tokens"]))
     gateway.sync.run_once()
     assert totals() == seen
@@ -142,16 +144,23 @@ def test_streams_whose_clients_did_not_ask_for_usage_are_counted_from_an_engine_
     assert seen.completion_tokens == engine_as_deployed.tokens_generated() == sum(range(1, 7))
 
 
-def test_a_stream_whose_client_did_not_ask_is_not_counted_from_an_engine_that_reports_usage_only_when_asked(
+def test_a_stream_whose_client_did_not_ask_is_counted_from_an_engine_that_reports_usage_only_when_asked(
     gateway, engine
 ):
+    """The pinned vLLM 0.11.0's and SGLang 0.5.3's case (no flag forces it): the relay asks for the client."""
     key = key_for("acme")
     gateway.sync.run_once()
-    body = {"model": "chat", "prompt": "a b c", "max_tokens": 4, "stream": True}
-    events = [line for line in gateway.post("/v1/completions", body, key, stream=True).iter_lines() if line]
-    assert events[-1] == b"data: [DONE]" and not any(b'"usage"' in event for event in events)
+    # The client's own object, as a client may send it: spaced, a member the relay also names, a newline after.
+    body = b'{"model": "chat", "prompt": "a b c", "max_tokens": 4, "stream": true,\n "stream_options": {}}\n'
+    answer = gateway.post("/v1/completions", body, key, stream=True)
+    events = [line.removeprefix(b"data: ") for line in answer.iter_lines() if line]
+    assert events[-1] == b"[DONE]"
+    # The client's members reached the engine (its prompt and max_tokens), the relay's too (a running usage).
+    running = [json.loads(event)["usage"]["completion_tokens"] for event in events[:-2]]
+    assert running == [1, 2, 3, 4] and json.loads(events[-2])["choices"] == []
     gateway.sync.run_once()
-    assert engine.tokens_generated() == 4 and not Usage.objects.exists()
+    assert totals() == Counted(1, 3, 4)
+    assert engine.gauge("vllm:prompt_tokens_total") == 3 and engine.tokens_generated() == 4
 
 
 def test_a_running_usage_on_every_event_is_counted_once_as_the_engine_counts_it(gateway, engine):
@@ -206,6 +215,26 @@ def test_a_client_gone_mid_stream_keeps_the_tokens_its_running_usage_counted(gat
     assert counted.requests == 1 and counted.prompt_tokens == 3 == slow_engine.gauge("vllm:prompt_tokens_total")
     # At least what the client read; at most what the engine made before it saw the stream gone (the
     # token whose write failed, and those HAProxy got as it closed).
+    assert received <= counted.completion_tokens <= slow_engine.tokens_generated() < 200
+
+
+def test_a_client_gone_mid_stream_that_did_not_ask_for_usage_is_counted_up_to_where_it_left(gateway, slow_engine):
+    key = key_for("acme")
+    gateway.sync.run_once()
+    body = {"model": "chat", "messages": [{"role": "user", "content": "a b c"}], "max_tokens": 200, "stream": True}
+    answer = gateway.post("/v1/chat/completions", body, key, stream=True)
+    received = 0
+    for line in answer.iter_lines():
+        if line.startswith(b"data: {") and json.loads(line.removeprefix(b"data: "))["choices"]:
+            received += 1
+            if received == 5:
+                break
+    answer.close()  # gone, 195 tokens short of the end, having asked for no usage
+    wait_until(lambda: slow_engine.gauge("vllm:num_requests_running") == 0, 10, "the engine to drop the stream")
+    gateway.sync.run_once()
+    counted = totals()
+    prompt = slow_engine.gauge("vllm:prompt_tokens_total")
+    assert counted.requests == 1 and counted.prompt_tokens == prompt > 0
     assert received <= counted.completion_tokens <= slow_engine.tokens_generated() < 200
 
 

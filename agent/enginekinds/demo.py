@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from agent.enginekinds.record import EngineKind, Launch, Names, Signal, Template, serving
-from agent.enginekinds.vllm import FORCED_USAGE
+from agent.enginekinds.vllm import CONTINUOUS_USAGE, FORCED_USAGE
 from agent.enginekinds.vllm import METRICS as VLLM_METRICS
 
 
@@ -23,5 +23,6 @@ KIND = EngineKind(
     templates=(Template("0", ("python3",), _server, lead=("-m", "agent.demo_engine")),),
     metrics=(Names("0", {k: v for k, v in VLLM_METRICS.items() if k != Signal.KV_CACHE_USAGE}),),
     stream_usage=(replace(FORCED_USAGE, since="0"),),
+    running_usage=CONTINUOUS_USAGE,
     served_name_flag="--served-model-name",
 )

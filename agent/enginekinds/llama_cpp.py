@@ -59,4 +59,6 @@ KIND = EngineKind(
     # make it (tools/server/server-task.cpp, to_json_oaicompat_chat_stream); its /v1/completions
     # streams always end with it, and every stream's last event has its `timings`.
     stream_usage=(UsageInStreams("0", StreamUsage.TIMINGS),),
+    # Running `timings` on every event, chat streams and completions alike (read by the gateway as usage).
+    running_usage='"timings_per_token":true',
 )

@@ -172,6 +172,11 @@ class EngineKind:
     metrics_behind_key: bool = False
     # Oldest first, like the templates: how its streams come to report usage to the gateway.
     stream_usage: tuple[UsageInStreams, ...] = (ASKED_ONLY,)
+    # Members of a JSON object (no braces) that make its streams carry a running usage on every
+    # event, which the gateway's stream relay adds to each streamed request after the client's
+    # own (a later member wins): a client gone mid-stream is then counted up to where it left,
+    # whether it asked or not (docs/gateway.md, "A client gone mid-stream"). Empty: none known.
+    running_usage: str = ""
     # The flag naming the model as clients call it, so that answers name the served model, never
     # the path its weights were loaded from (and engines that check `model` accept the name).
     served_name_flag: str = ""

@@ -23,6 +23,7 @@ from agent.enginekinds.record import (
     UsageInStreams,
     serving,
 )
+from agent.enginekinds.vllm import CONTINUOUS_USAGE
 
 
 def _launch_server(launch: Launch) -> list[str]:
@@ -57,6 +58,7 @@ KIND = EngineKind(
         ASKED_ONLY,
         UsageInStreams("0.5.10", StreamUsage.FLAG, ("--stream-response-default-include-usage",)),
     ),
+    running_usage=CONTINUOUS_USAGE,
     # Only `--config FILE` as two words is read (0.5.3 looks for the word itself), and the file
     # must end in .yaml or .yml.
     api_key_file=KeyFile(flag="--config", option="api-key", suffix=".yaml"),

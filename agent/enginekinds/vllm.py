@@ -50,6 +50,9 @@ METRICS = {**METRICS_BEFORE_0_10, Signal.KV_CACHE_USAGE: Source("vllm:kv_cache_u
 # 0.19.0 it also puts the running usage on every event, which the gateway counts as it passes.
 FORCED_USAGE = UsageInStreams("0.11.1", StreamUsage.FLAG, ("--enable-force-include-usage",))
 STREAM_USAGE = (ASKED_ONLY, FORCED_USAGE)
+# A running usage on every event of the stream, when the request asks (from 0.6.0): the stream's
+# usage so far, which the gateway counts as it passes. SGLang's and the demo engine's are the same.
+CONTINUOUS_USAGE = '"stream_options":{"include_usage":true,"continuous_usage_stats":true}'
 
 KIND = EngineKind(
     name="vllm",
@@ -63,5 +66,6 @@ KIND = EngineKind(
     install=Install(Installer.PIP_VENV, pinned="0.11.0", default_variant="cuda", package="vllm"),
     api_key_variable="VLLM_API_KEY",
     stream_usage=STREAM_USAGE,
+    running_usage=CONTINUOUS_USAGE,
     served_name_flag="--served-model-name",
 )
