@@ -198,7 +198,10 @@ class Stack:
 
     def celery_part(self) -> Part:
         # One worker with an embedded beat is right for one machine; production
-        # runs them apart, with exactly one beat (docs/operations.md).
+        # runs them apart, with exactly one beat (docs/operations.md). Without
+        # mingle, which waits a second for other workers' revoked tasks at every
+        # (re)connection to Redis, and gossip, its events: nothing here uses them,
+        # and after Redis comes back empty the keepers wait for that second.
         return Part(
             "celery",
             [
@@ -207,6 +210,8 @@ class Stack:
                 "llmgw_site",
                 "worker",
                 "-B",
+                "--without-mingle",
+                "--without-gossip",
                 "--loglevel",
                 "INFO",
                 "--concurrency",

@@ -234,6 +234,17 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 CELERY_BROKER_URL = REDIS_URL
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Every task is periodic and idempotent, sent again by beat within its period, so
+# a task taken off the queue and lost with its worker costs nothing; kombu's ack
+# emulation (messages held in an "unacked" hash until acknowledged) is off. It
+# killed the worker when Redis restarted: a connection lost while the worker
+# held tasks not yet started closes the consumer's channel twice, and the
+# second close restores the held tasks through a transport already let go
+# (AttributeError, "Unrecoverable error"). With the worker gone, beat went
+# with it, and the keepers that refill an emptied Redis never ran again
+# (docs/operations.md, "Redis restarted without its data"). Without the
+# emulation a task the restore cannot put back is logged and dropped.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"ack_emulation": False}
 CELERY_BEAT_SCHEDULE = {
     "mark-stale": {"task": "inventory.tasks.mark_stale", "schedule": LLMGW_BEAT_PERIOD},
     "reconcile": {"task": "inventory.tasks.reconcile", "schedule": LLMGW_BEAT_PERIOD},
