@@ -1,4 +1,4 @@
-"""What the Lua usage filter costs HAProxy, in instructions: counted by valgrind's callgrind, so the
+"""What counting tokens costs HAProxy, in instructions: counted by valgrind's callgrind, so the
 machine's load does not move them (bench.tenants' latencies and CPU times do, by ±100 µs here).
 
 The same sides as bench.tenants ("off", "limits", "on" as shipped, "before" with `--lua-before FILE`),
@@ -9,7 +9,12 @@ counted between a warm-up and the end (`callgrind_control` zeroes, then dumps). 
 sides are the cost of what one adds; instructions are not time (callgrind counts a `rep movsb` copy
 as one per byte, and knows no cache misses), but they are exact and the same from run to run.
 
-    python -m bench.filter_cost [--requests 500] [--streams 40] [--chunks 50] [--lua-before FILE]
+With `--l4-retries-only`, every side retries on connection failures alone (`retry-on
+conn-failure`), without the L7 retries the gateway ships (`empty-response 503`): for those HAProxy
+2.6 copies a whole buffer (`tune.bufsize`, 272 KiB by default) into a reserve on each request,
+whatever its size, and this shows what that copy is of each side's count.
+
+    python -m bench.filter_cost [--requests 500] [--streams 40] [--chunks 50] [--lua-before FILE] [--l4-retries-only]
 """
 
 from __future__ import annotations
@@ -29,6 +34,9 @@ from devstack import gateway as devgateway
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from gateway.haproxy_config import Paths
+
+# The gateway's retries (deploy/gateway.cfg); `--l4-retries-only` keeps the first of them alone.
+L7_RETRIES = "retry-on conn-failure empty-response 503"
 
 
 def streams(port: int, count: int, chunks: int) -> None:
@@ -62,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, default=40, help="streams per side")
     parser.add_argument("--chunks", type=int, default=50, help="chunks of each stream")
     parser.add_argument("--lua-before", type=Path, help="another usage filter to count as side 'before'")
+    parser.add_argument("--l4-retries-only", action="store_true", help="every side without L7 retries")
     args = parser.parse_args(argv)
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         sys.exit("valgrind is missing: apt-get install valgrind")
@@ -88,6 +97,11 @@ def main(argv: list[str] | None = None) -> None:
             for side in sides:
                 here = directory / side
                 port = tenants.configure(here, engines, side, args.lua_before)
+                if args.l4_retries_only:
+                    config = Paths(here).config
+                    shipped = config.read_text()
+                    assert L7_RETRIES in shipped, f"no `{L7_RETRIES}` in the gateway's config"
+                    config.write_text(shipped.replace(L7_RETRIES, "retry-on conn-failure"))
                 whole = instructions(
                     here,
                     port,
@@ -146,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
                 }
             )
     rows.append({"name": "chunks_per_stream", "value": args.chunks, "unit": "", "target": None, "better": "higher"})
-    write_results("filter_cost", rows)
+    write_results("filter_cost-l4-retries-only" if args.l4_retries_only else "filter_cost", rows)
 
 
 if __name__ == "__main__":
