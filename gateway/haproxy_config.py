@@ -26,8 +26,8 @@ RELAY_LUA = ROOT / "deploy" / "gateway_relay.lua"
 # Lua time a relayed stream may take (tune.lua.service-timeout): its running time, not its waits (a 6 s
 # stream passed under a 2 s limit), which a stream of many tokens adds up past the default 4 s.
 RELAY_LUA_TIMEOUT = "10m"
-# Streams go through the relay: a body whose `stream` is true (json_query answers the boolean).
-# A stream goes through the relay, with what its engine needs to put a running usage on every event.
+# Streams go through the relay (a body whose `stream` is true: json_query answers the boolean), with
+# what their engine kind needs to put a running usage on every event (running_usage.map).
 RELAY_STREAMS = (
     "    acl streamed req.body,json_query('$.stream') -m bool\n"
     "    http-request set-var(txn.running_usage) var(txn.backend),map({running_usage_map}) if streamed\n"
