@@ -8,6 +8,7 @@ installs come from the records; and no module outside agent/enginekinds/ spells 
 from __future__ import annotations
 
 import ast
+import json
 import typing
 from collections.abc import Iterable
 from pathlib import Path
@@ -157,6 +158,15 @@ def test_the_engines_doc_tells_what_the_gateway_adds_to_each_kinds_streams_as_it
     rows = [f"| `{name}` | {members} |" for name, members in added.items()]
     missing = [row for row in rows if row not in text]
     assert not missing, "\n".join(missing)
+
+
+def test_what_the_gateway_adds_to_each_kinds_streams_is_json_members_without_spaces():
+    # The sync writes them as a map value over HAProxy's Runtime API, whose words are split at spaces;
+    # the relay puts them inside the request's object, so they must read as members of one.
+    for kind in enginekinds.KINDS:
+        if kind.running_usage:
+            assert not any(c.isspace() for c in kind.running_usage), kind.name
+            assert isinstance(json.loads("{" + kind.running_usage + "}"), dict), kind.name
 
 
 def test_the_command_engine_fills_in_port_and_model():
