@@ -38,7 +38,7 @@ import redis
 from django.conf import settings
 
 from agent import protocol
-from inventory import desired, gpuhealth, liveness
+from inventory import desired, gpuhealth, liveness, refill
 from inventory.models import Liveness, Node, derive_state
 from inventory.registration import ReplayedInventory, as_ip, upsert_inventory
 from lib.logs import OccasionalWarning
@@ -71,6 +71,9 @@ class Sender:
     # The node's card as the database has it when `secret` proves the node's token, else None.
     # The tokens are the web app's (nodes/api/cards.py); it is asked only when Redis has no current card.
     card_from_database: Callable[[str, str, int], NodeCard | None]
+    # Stores every node's card afresh (the web app's keeping, nodes/api/cards.py): started at once when Redis
+    # has lost its data (inventory.refill).
+    keep_cards: Callable[[], int | None]
 
 
 class Refused(Exception):
@@ -193,6 +196,8 @@ def _admit(sender: Sender, received_at: float, beat: protocol.Heartbeat | None) 
         case beatscript.CARD if verdict.card is not None:
             return _Admitted(verdict.card, cached=True, redis_up=True)
         case beatscript.STALE:
+            if verdict.cards_lost:
+                refill.after_loss(sender.keep_cards)
             card = _proven_card(sender, verdict.generation)
             # The script could not check the token, so it left the sequence alone: now it is proven.
             newest = _advance_sequence(node_id, boot_id, seq)

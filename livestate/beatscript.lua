@@ -13,6 +13,7 @@ local load_lines_key = KEYS[7]     -- load's /metrics lines
 local shard_versions_key = KEYS[8] -- shard versions (hash)
 local node_shards_key = KEYS[9]    -- node's cached shards
 local sequence_key = KEYS[10]      -- node's newest heartbeat: boot id, number (hash)
+local cards_filled_key = KEYS[11]  -- set by every keeping of the cards; gone when Redis lost its data
 
 local refused_allowed = ARGV[1]    -- refused tokens allowed
 local heartbeats_allowed = ARGV[2] -- heartbeats allowed
@@ -55,10 +56,12 @@ if count(rate_key) > tonumber(heartbeats_allowed) then
 end
 
 -- A missing or stale card: the caller proves the token from the database, then builds its
--- reply from the node's shard version and cached list read here, sparing it a round trip.
+-- reply from the node's shard version and cached list read here, sparing it a round trip;
+-- and, when no keeping has filled the cards since Redis lost its data, refills them.
 local function stale(generation)
   local versions = redis.call('HMGET', shard_versions_key, node_id, '*')
-  return {'stale', generation, versions[1], versions[2], redis.call('GET', node_shards_key)}
+  local node_shards = redis.call('GET', node_shards_key)
+  return {'stale', generation, versions[1], versions[2], node_shards, redis.call('EXISTS', cards_filled_key)}
 end
 
 local raw = redis.call('GET', card_key)

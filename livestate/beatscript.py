@@ -15,7 +15,8 @@ since the sweep's flush revives every node it finds there in bulk
 
 Whatever it cannot settle it hands back without writing anything: a card that
 is missing or stale (`stale`: the caller reads the database; the node's shard
-version and cached list come with it, read for after the token is proven), or a new
+version and cached list come with it, read for after the token is proven, and
+whether the cards have been filled since Redis last lost its data), or a new
 inventory (`card`: the caller writes the database). Its
 counters use the same keys as `livestate.limits`, so its limits are those of
 the rest of the agent API.
@@ -66,6 +67,8 @@ class Verdict:
     cached_shards: bytes | None = None
     # Only when replayed: the number of the newest heartbeat of the run.
     newest_seq: int = 0
+    # Only when stale: no keeping has filled the cards since Redis lost its data (inventory.refill).
+    cards_lost: bool = False
 
 
 _script = OwnScript(SOURCE)
@@ -89,6 +92,7 @@ class BeatKeys(NamedTuple):
     shard_versions_key: str
     node_shards_key: str
     sequence_key: str
+    cards_filled_key: str
 
 
 class BeatArgs(NamedTuple):
@@ -139,6 +143,7 @@ def run(
         shard_versions_key=keys.SHARD_VERSIONS,
         node_shards_key=node.node_shards,
         sequence_key=node.sequence,
+        cards_filled_key=keys.CARDS_FILLED,
     )
     args = BeatArgs(
         refused_allowed=settings.LLMGW_AUTH_FAILURES_PER_MINUTE,
@@ -164,6 +169,7 @@ def run(
             generation=int(answer[1]),
             shard_version=shardversion.parse(answer[2:4]),
             cached_shards=answer[4],
+            cards_lost=not answer[5],
         )
     if outcome == REPLAYED:
         return Verdict(outcome, newest_seq=int(answer[1]))

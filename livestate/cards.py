@@ -20,7 +20,9 @@ the backstop for that case, and until then heartbeats go to the database anyway.
 
 Cards are also kept: every KEEP_PERIOD_SECONDS, and at once when Redis has lost
 its data, Celery stores every node's card afresh from the database in batches
-(`keep`, called by nodes.tasks.keep_cards; livestate.keeping). A card then never expires while the
+(`keep`, called by nodes.tasks.keep_cards; livestate.keeping). After a loss the
+first heartbeat to find no card starts the same keeping in its web worker,
+which runs at full weight where Celery yields (inventory.refill). A card then never expires while the
 control plane runs, so a fleet back from a partition of any length, or beating
 after a Redis flush or restart, finds its cards instead of taking the cold path
 all at once (bench.recovery); a change lost to a Redis outage is righted within
@@ -128,6 +130,7 @@ def _store_all(client: redis.Redis, ids: Sequence[str], read: Callable[[Sequence
                 pipe.set(keys.card(node_id), _encoder.encode(card), ex=expiry())
                 stored += 1
         pipe.execute()
+    client.set(keys.CARDS_FILLED, "1")
     return stored
 
 

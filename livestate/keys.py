@@ -20,6 +20,9 @@ CARD_PREFIX = "llmgw:nodecard:"
 # Set while the cards stored afresh by the last keeping are young (livestate.keeping): expires with its period,
 # and goes with the rest when Redis loses its data, which is what tells the next keeping to run.
 CARDS_KEPT = "llmgw:nodecards-kept"
+# Set by every keeping of the cards, without expiry: absent once Redis has lost its data (or before the first
+# keeping), which a heartbeat finding no current card reads as the sign to refill at once (inventory.refill).
+CARDS_FILLED = "llmgw:nodecards-filled"
 # A node's card generation: bumped by every change a card holds (livestate.cards).
 GENERATION_PREFIX = "llmgw:nodegen:"
 # Hash: node id → arrival time of its latest heartbeat not yet in the database (livestate.heartbeats).

@@ -48,6 +48,10 @@ try:
     # How often Celery beat computes the fleet's totals and sort figures for the cluster page
     # (nodes/fleetload.py): the page's own refresh period.
     LLMGW_FLEET_LOAD_PERIOD = 5.0
+    # Whether a web worker whose heartbeat finds Redis emptied refills the cards and shard lists itself, at the
+    # web tier's weight, rather than leave it to Celery (inventory/refill.py). Off only in the tests of
+    # other things, whose threads would outlive them.
+    LLMGW_REFILL_AFTER_LOSS = True
     # Routes an empty view for bench/heartbeat.py's ceiling; never set in production.
     LLMGW_BENCH_EMPTY_VIEW = env_bool("LLMGW_BENCH_EMPTY_VIEW", False)
     SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)

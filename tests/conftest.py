@@ -52,6 +52,13 @@ def _agent_api_limits_out_of_the_way():
     settings.LLMGW_AUTH_FAILURES_PER_MINUTE = 1_000_000
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _no_refill_threads():
+    """A heartbeat finding Redis emptied refills it in a thread that would outlive its test; tests/test_refill.py
+    turns it on again."""
+    settings.LLMGW_REFILL_AFTER_LOSS = False
+
+
 @pytest.fixture
 def redis_client(_redis_everywhere):
     client = livestate.client()

@@ -15,7 +15,7 @@ from agent import protocol
 from inventory import heartbeat
 from inventory.models import Liveness, Node
 from livestate import cards, keys, loadstore, selfmetrics
-from nodes.api.cards import proven
+from nodes.api.cards import keep_all, proven
 from nodes.models import NodeToken, split_token
 from tests.agentapi import JOIN_TOKEN, a_load, register
 from tests.factories import make_inventory
@@ -37,7 +37,7 @@ def token(client):
 
 def sender(token: str, address: str = "10.0.0.7") -> heartbeat.Sender:
     node_id, secret = split_token(token)
-    return heartbeat.Sender(node_id, secret, token, address, proven)
+    return heartbeat.Sender(node_id, secret, token, address, proven, keep_all)
 
 
 def receive(token: str, beat: protocol.Heartbeat, address: str = "10.0.0.7") -> protocol.HeartbeatReply:

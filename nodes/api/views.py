@@ -101,7 +101,7 @@ def heartbeat_sender(token: str, address: str, received_at: float) -> inventory_
     node_id, secret = split_token(token)
     if len(node_id) > protocol.MAX_ID or not _NODE_ID.fullmatch(node_id):
         raise refused_credential(address, "not a node token", received_at)
-    return inventory_heartbeat.Sender(node_id, secret, token, address, cards.proven)
+    return inventory_heartbeat.Sender(node_id, secret, token, address, cards.proven, cards.keep_all)
 
 
 def refusal(refused: inventory_heartbeat.Refused, address: str, received_at: float) -> Rejected:
