@@ -96,6 +96,8 @@ def measure(args) -> dict:
             "SECRET_KEY": secrets.token_urlsafe(50),
             "ALLOWED_HOSTS": "127.0.0.1,localhost",
             "SECURE_SSL_REDIRECT": "false",
+            # No TLS on loopback, as bench.heartbeat's stack: a credential over plain HTTP is refused otherwise.
+            "LLMGW_REQUIRE_HTTPS": "false",
             "LLMGW_REGISTER_PER_MINUTE": str(max(args.nodes * 2, 100)),
             "LLMGW_AUTH_FAILURES_PER_MINUTE": "1000000",
         },
