@@ -2,15 +2,13 @@
 
 One call answers for the whole fleet (alerts carry the `node` label, see
 `deploy/rules/`), with the charts' deadline and shape checks. Each process keeps
-the answer, or the reason there is none, for MAX_AGE seconds: the cluster table
-refreshes every 5 s on every open page, and a Prometheus that hangs should cost a
-worker one short wait per MAX_AGE, not one per refresh. Alerts wait a minute or
-more before they fire, so a few seconds' delay shows nothing late that matters.
+the answer, or the reason there is none, and asks again behind the pages
+(nodes/promcache.py): the cluster table refreshes every 5 s on every open page,
+and a Prometheus that is slow or hangs should cost no render its wait.
 """
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -19,8 +17,8 @@ from datetime import datetime
 from django.conf import settings
 
 from nodes import promquery, promshape
+from nodes.promcache import AnswerCache
 
-MAX_AGE = 10.0
 # Shorter than the charts' deadline: this call sits in the cluster page's own render.
 TIMEOUT = 1.0
 
@@ -88,33 +86,10 @@ def fetch(base_url: str | None = None) -> Firing:
     return Firing(alerts=alerts)
 
 
-class _Cache:
-    """The last answer per Prometheus URL and when it came, shared by the process's threads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._answers: dict[str, tuple[float, Firing]] = {}
-
-    def get(self, base_url: str) -> Firing:
-        now = time.monotonic()
-        with self._lock:
-            kept = self._answers.get(base_url)
-        if kept is not None and now - kept[0] < MAX_AGE:
-            return kept[1]
-        # Two threads may both ask at expiry; that costs one extra call, not a wrong answer.
-        answer = fetch(base_url)
-        with self._lock:
-            self._answers[base_url] = (time.monotonic(), answer)
-        return answer
-
-    def clear(self) -> None:
-        with self._lock:
-            self._answers.clear()
-
-
-cache = _Cache()
+cache: AnswerCache[Firing] = AnswerCache()
 
 
 def firing() -> Firing:
-    """What fires now, at most MAX_AGE old."""
-    return cache.get(settings.PROMETHEUS_URL)
+    """What fires now, as last asked (nodes/promcache.py)."""
+    base = settings.PROMETHEUS_URL
+    return cache.get(base, lambda: fetch(base))

@@ -4,27 +4,23 @@ The node page says "no engine metrics" and why for a running shard without
 `llmgw:shard_*` series, rather than letting a chart show nothing or a table show
 0; the cluster page shows requests waiting per node. Each is one instant query
 (the node's, or one for the whole fleet), under the charts' deadline and shape
-checks, and each process keeps its answer, or the reason there is none, for
-MAX_AGE seconds, as `nodes/promalerts.py` does with the alerts, so the pages' 5 s
-refreshes cost one call per MAX_AGE per worker.
+checks, and each process keeps its answer, or the reason there is none, and
+asks again behind the pages (nodes/promcache.py), as for the alerts.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Generic, TypeVar
 
 from django.conf import settings
 
 from agent.enginekinds import Signal
 from agent.enginekinds.rules import names
 from nodes import promquery
+from nodes.promcache import AnswerCache
 
-MAX_AGE = 10.0
 # Shorter than the charts' deadline: these calls sit in the pages' own render.
 TIMEOUT = 1.0
 # A shard without a sample this recent has no engine metrics (the alert waits as long).
@@ -67,44 +63,17 @@ def fetch(expr: str, label: str, base_url: str | None = None) -> Answer:
     return Answer(values={s["metric"].get(label, ""): s["value"] for s in samples})
 
 
-T = TypeVar("T")
-
-
-class _Cache(Generic[T]):
-    """The last answer per key and when it came, shared by the process's threads."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._answers: dict[tuple[str, ...], tuple[float, T]] = {}
-
-    def get(self, key: tuple[str, ...], ask: Callable[[], T]) -> T:
-        now = time.monotonic()
-        with self._lock:
-            kept = self._answers.get(key)
-        if kept is not None and now - kept[0] < MAX_AGE:
-            return kept[1]
-        # Two threads may both ask at expiry; that costs one extra call, not a wrong answer.
-        answer = ask()
-        with self._lock:
-            self._answers[key] = (time.monotonic(), answer)
-        return answer
-
-    def clear(self) -> None:
-        with self._lock:
-            self._answers.clear()
-
-
-cache: _Cache[Answer] = _Cache()
+cache: AnswerCache[Answer] = AnswerCache()
 
 
 def last_seen(node_id: str) -> Answer:
-    """Each of the node's shards' newest engine sample time (epoch seconds), at most MAX_AGE old."""
+    """Each of the node's shards' newest engine sample time (epoch seconds), as last asked (nodes/promcache.py)."""
     base = settings.PROMETHEUS_URL
     return cache.get((base, "node", node_id), lambda: fetch(last_seen_query(node_id), "shard", base))
 
 
 def waiting_per_node() -> Answer:
-    """Requests waiting per node, summed over its shards, at most MAX_AGE old."""
+    """Requests waiting per node, summed over its shards, as last asked (nodes/promcache.py)."""
     base = settings.PROMETHEUS_URL
     return cache.get((base, "waiting"), lambda: fetch(WAITING_QUERY, "node", base))
 

@@ -73,7 +73,7 @@ def model_charts(served_model: str) -> list[promquery.ChartSpec]:
 
 
 def in_flight_per_replica() -> Answer:
-    """Requests in flight per replica at the gateways, summed over them, at most promengines.MAX_AGE old."""
+    """Requests in flight per replica at the gateways, summed over them, as last asked (nodes/promcache.py)."""
     base = settings.PROMETHEUS_URL
     return promengines.cache.get((base, "in_flight"), lambda: promengines.fetch(IN_FLIGHT_QUERY, "replica", base))
 
