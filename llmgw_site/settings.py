@@ -44,7 +44,7 @@ try:
     LLMGW_DRAIN_DEADLINE = env_float("LLMGW_DRAIN_DEADLINE", 300.0, minimum=0.0)
     LLMGW_BEAT_PERIOD = env_float("LLMGW_BEAT_PERIOD", 5.0, minimum=0.1)
     # How often Celery beat renders the fleet's part of /metrics ahead of the scrapes (nodes/metrics/prerender.py).
-    LLMGW_METRICS_RENDER_PERIOD = 10.0
+    LLMGW_METRICS_RENDER_PERIOD = env_float("LLMGW_METRICS_RENDER_PERIOD", 10.0, minimum=1.0)
     # How often Celery beat computes the fleet's totals and sort figures for the cluster page
     # (nodes/fleetload.py): the page's own refresh period.
     LLMGW_FLEET_LOAD_PERIOD = 5.0
