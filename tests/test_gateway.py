@@ -100,7 +100,16 @@ class Gateway:
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        wait_until(lambda: port_open(self.port) and self.paths.admin_socket.exists(), 10, "the gateway")
+        # An answer, not an open port: a restarted gateway's port (and its admin socket's file, left by the
+        # killed one) can be there before its worker serves, and a request sent then was reset.
+        wait_until(lambda: self.paths.admin_socket.exists() and self.answers(), 10, "the gateway")
+
+    def answers(self) -> bool:
+        try:
+            requests.get(self.url("/v1/models"), timeout=2)
+        except requests.ConnectionError:
+            return False
+        return True
 
     def stop(self) -> None:
         if self.process.poll() is None:
