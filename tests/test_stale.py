@@ -5,6 +5,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import time_machine
+from django.db import connection
 
 from agent import protocol
 from devstack.faults import redis_unreachable
@@ -204,6 +205,44 @@ def test_the_flush_writes_every_held_time_across_batches(redis_client):
     stored = dict(Node.objects.values_list("id", "last_heartbeat"))
     assert all(stored[node_id].timestamp() == at for node_id, at in arrived.items())
     assert not redis_client.exists(keys.HEARTBEATS)
+
+
+def test_the_flush_never_moves_a_heartbeat_time_back(redis_client):
+    # `touch` writes a time straight to the row while Redis is down; an older
+    # one held in Redis from before must not replace it.
+    later = START + timedelta(seconds=10)
+    Node.objects.bulk_create([Node(id="touched", last_heartbeat=later), Node(id="older", last_heartbeat=START)])
+    held = repr((START + timedelta(seconds=5)).timestamp())
+    redis_client.hset(keys.HEARTBEATS, mapping={"touched": held, "older": held})
+
+    liveness.flush()
+
+    stored = dict(Node.objects.values_list("id", "last_heartbeat"))
+    assert stored == {"touched": later, "older": START + timedelta(seconds=5)}
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="HOT updates are PostgreSQL's")
+def test_the_flush_rewrites_no_index_on_postgresql(redis_client):
+    # Every sweep rewrites the whole fleet's rows: an index on the time would
+    # make each of those writes grow it, and keep the old rows until a VACUUM.
+    Node.objects.bulk_create(Node(id=f"n{i:03d}", last_heartbeat=START) for i in range(100))
+    redis_client.hset(keys.HEARTBEATS, mapping={f"n{i:03d}": repr(START.timestamp() + 1) for i in range(100)})
+
+    before = _updates_so_far()
+    liveness.flush()
+    after = _updates_so_far()
+
+    assert (after[0] - before[0], after[1] - before[1]) == (100, 100)
+
+
+def _updates_so_far() -> tuple[int, int]:
+    """The node table's updates and HOT updates, counted by this backend: no wait for the statistics."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_stat_get_xact_tuples_updated(%s::regclass), pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+            [Node._meta.db_table] * 2,
+        )
+        return cursor.fetchone()
 
 
 # -- most of the fleet silent at once -------------------------------------------------------------

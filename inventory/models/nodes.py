@@ -97,15 +97,19 @@ class Node(models.Model):
     admin_state_reason = models.TextField("reason", blank=True)
 
     liveness = models.CharField(max_length=16, choices=Liveness.choices, default=Liveness.ALIVE)
-    # On the control plane's clock, never the agent's.
-    last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
+    # On the control plane's clock, never the agent's. Written for the whole fleet
+    # on every sweep (inventory.liveness.flush), so deliberately in no index: an
+    # UPDATE that changes no indexed column is a HOT update on PostgreSQL, kept
+    # on its page and pruned there without a VACUUM. The sweep's and the pages'
+    # reads of it scan the table, which is small (docs/design.md, the sweep).
+    last_heartbeat = models.DateTimeField(null=True, blank=True)
     registered_at = models.DateTimeField(default=timezone.now)
 
     objects = NodeQuerySet.as_manager()
 
     class Meta:
         ordering = ["id"]
-        indexes = [models.Index(fields=["liveness", "last_heartbeat"])]
+        indexes = [models.Index(fields=["liveness"], name="inventory_node_liveness")]
 
     def __str__(self) -> str:
         return self.id
