@@ -122,14 +122,14 @@ def _store_all(client: redis.Redis, ids: Sequence[str], read: Callable[[Sequence
     for chunk in keeping.batches(ids):
         generations = client.mget([keys.generation(node_id) for node_id in chunk])
         found = read(chunk)
-        pipe = client.pipeline(transaction=False)
+        entries = {}
         for node_id, generation in zip(chunk, generations, strict=True):
             card = found.get(node_id)
             if card is not None:
                 card.generation = int(generation or 0)
-                pipe.set(keys.card(node_id), _encoder.encode(card), ex=expiry())
-                stored += 1
-        pipe.execute()
+                entries[keys.card(node_id)] = _encoder.encode(card)
+        keeping.store(client, entries, expiry)
+        stored += len(entries)
     client.set(keys.CARDS_FILLED, "1")
     return stored
 

@@ -128,15 +128,9 @@ def _store_all(
 ) -> int:
     stored = 0
     for chunk in keeping.batches(ids):
-        pipe = client.pipeline(transaction=False)
-        for node_id in chunk:
-            shardversion.queue_read(pipe, node_id)
-        versions = [shardversion.parse(answer) for answer in pipe.execute()]
-        built = build(chunk, versions)
-        pipe = client.pipeline(transaction=False)
-        for node_id, entry in built.items():
-            pipe.set(keys.node_shards(node_id), _encoder.encode(entry), ex=expiry())
-        pipe.execute()
+        built = build(chunk, shardversion.read_many(client, chunk))
+        encoded = {keys.node_shards(node_id): _encoder.encode(entry) for node_id, entry in built.items()}
+        keeping.store(client, encoded, expiry)
         stored += len(built)
     return stored
 

@@ -10,7 +10,7 @@ only that node's agent back to the database.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import redis
 from django.db import transaction
@@ -52,6 +52,12 @@ def _incr(fields: list[str]) -> None:
 def queue_read(pipe: Pipeline, node_id: str) -> None:
     """Queue the read of the node's counter and every node's on a pipeline; `parse` reads the answer."""
     pipe.hmget(keys.SHARD_VERSIONS, [node_id, EVERY_NODE])
+
+
+def read_many(client: redis.Redis, node_ids: Sequence[str]) -> list[tuple[int, int]]:
+    """Each node's counter and every node's, as `parse` gives them, in one command."""
+    *mine, everyone = client.hmget(keys.SHARD_VERSIONS, [*node_ids, EVERY_NODE])
+    return [(int(own or 0), int(everyone or 0)) for own in mine]
 
 
 def parse(answer: list[bytes | None]) -> tuple[int, int]:
