@@ -15,7 +15,7 @@ the control plane runs, and a fleet back from a partition finds them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple
 
 from django.conf import settings
@@ -111,14 +111,23 @@ def _built(rows: list[Shard], gone: set[str]) -> tuple[Orders, set[str]]:
 
 
 def cache_entries(node_ids: Sequence[str], versions: Sequence[tuple[int, int]]) -> dict[str, CachedShards]:
-    """The shard lists of these nodes as their heartbeats would cache them, read in one query, each under its
-    version (livestate.shardlists.keep); a node with a shard held for a drain is left out, as `orders` leaves it.
+    """The shard lists of these nodes as their heartbeats would cache them, each under its version
+    (livestate.shardlists.keep); a node with a shard held for a drain is left out, as `orders` leaves it.
+
+    Every shard is read in one query, without a list of ids: the ids' parameters cost more
+    than the rows (nodes.api.cards.all_from_database). A node without shards, most of a
+    fleet between placements, gets the empty list without building it.
     """
     rows: dict[str, list[Shard]] = {node_id: [] for node_id in node_ids}
-    for shard in _shards_of(node_ids):
-        rows[shard.node_id].append(shard)
+    for shard in _every_nodes_shards():
+        if (found := rows.get(shard.node_id)) is not None:
+            found.append(shard)
+    no_shards, _ = _built([], set())
     entries = {}
     for (node_id, found), version in zip(rows.items(), versions, strict=True):
+        if not found:
+            entries[node_id] = _cache_entry(version, [], no_shards)
+            continue
         result, held = _built(found, set())
         if not held:
             entries[node_id] = _cache_entry(version, [s for s in found if s.state != ReplicaState.FAILED], result)
@@ -143,12 +152,13 @@ _node_shards = CompiledQuery(
 )
 
 
-def _shards_of(node_ids: Sequence[str]) -> list[Shard]:
-    """Several nodes' shards, as `_node_shards` reads one node's, in one query."""
-    return list(
-        Shard.objects.filter(node_id__in=node_ids, state__in=ORDERED_STATES)
+def _every_nodes_shards() -> Iterator[Shard]:
+    """Every node's shards that orders are built from, as `_node_shards` reads one node's."""
+    return (
+        Shard.objects.filter(state__in=ORDERED_STATES)
         .select_related("replica__deployment")
         .order_by("node_id", "shard_id")
+        .iterator(chunk_size=2000)
     )
 
 

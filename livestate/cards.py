@@ -107,23 +107,26 @@ def store_current(node_id: str, read: Callable[[int], NodeCard | None]) -> None:
         log.warning("node card of %s not cached (its first heartbeat reads it): %s", node_id, exc)
 
 
-def keep(node_ids: Callable[[], Sequence[str]], read: Callable[[Sequence[str]], Mapping[str, NodeCard]]) -> int | None:
+def keep(node_ids: Callable[[], Sequence[str]], read_all: Callable[[], Mapping[str, NodeCard]]) -> int | None:
     """Store every node's card afresh when due (livestate.keeping); how many, or None when not due.
 
-    Each batch's generations are fetched before `read` reads its rows, as
-    `store_current` does one node's, so a change committed meanwhile leaves the
-    stored card stale rather than wrong. Raises redis errors.
+    The generations of `node_ids()` are fetched before `read_all` reads every
+    card, as `store_current` does one node's, so a change committed meanwhile
+    leaves the stored card stale rather than wrong; a card of a node not among
+    them (registered meanwhile, which caches its own) is left out. Raises redis errors.
     """
-    return keeping.when_due(keys.CARDS_KEPT, KEEP_PERIOD_SECONDS, lambda client: _store_all(client, node_ids(), read))
+    return keeping.when_due(
+        keys.CARDS_KEPT, KEEP_PERIOD_SECONDS, lambda client: _store_all(client, node_ids(), read_all)
+    )
 
 
-def _store_all(client: redis.Redis, ids: Sequence[str], read: Callable[[Sequence[str]], Mapping[str, NodeCard]]) -> int:
+def _store_all(client: redis.Redis, ids: Sequence[str], read_all: Callable[[], Mapping[str, NodeCard]]) -> int:
+    generations = keeping.read_batched(client, ids, lambda pipe, chunk: pipe.mget([keys.generation(n) for n in chunk]))
+    found = read_all()
     stored = 0
-    for chunk in keeping.batches(ids):
-        generations = client.mget([keys.generation(node_id) for node_id in chunk])
-        found = read(chunk)
+    for chunk in keeping.batches(list(zip(ids, generations, strict=True))):
         entries = {}
-        for node_id, generation in zip(chunk, generations, strict=True):
+        for node_id, generation in chunk:
             card = found.get(node_id)
             if card is not None:
                 card.generation = int(generation or 0)

@@ -12,8 +12,10 @@ next beat keeps at once.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import redis
+from redis.client import Pipeline
 
 import livestate
 
@@ -58,6 +60,21 @@ def store(client: redis.Redis, entries: Mapping[str, bytes], expiry: Callable[[]
     client.register_script(_STORE)(keys=list(entries), args=args)
 
 
-def batches(ids: Sequence[str], size: int = BATCH) -> Iterator[Sequence[str]]:
-    for start in range(0, len(ids), size):
-        yield ids[start : start + size]
+def read_batched(client: redis.Redis, ids: Sequence[str], queue: Callable[[Pipeline, Sequence[str]], Any]) -> list[Any]:
+    """What `queue(pipe, chunk)` reads for each of `ids`, a command per batch, in one round trip.
+
+    A batch a command keeps each command short: Redis answers no other client while it runs
+    one (docs/operations.md, "Big reads held Redis"). Raises redis errors.
+    """
+    pipe = client.pipeline(transaction=False)
+    for chunk in batches(ids):
+        queue(pipe, chunk)
+    return [value for answer in pipe.execute() for value in answer]
+
+
+Item = TypeVar("Item")
+
+
+def batches(items: Sequence[Item], size: int = BATCH) -> Iterator[Sequence[Item]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

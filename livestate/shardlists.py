@@ -111,7 +111,7 @@ def keep(
 ) -> int | None:
     """Store every node's list afresh when due (livestate.keeping); how many, or None when not due.
 
-    `build(node_ids, versions)` reads the batch's lists from the database, each to be
+    `build(node_ids, versions)` reads every node's list from the database, each to be
     cached under its version, which is fetched before the read: a change committed
     meanwhile has moved it, so the list stored is stale rather than wrong. A node
     `build` leaves out keeps what it has. Raises redis errors.
@@ -126,13 +126,11 @@ def _store_all(
     ids: Sequence[str],
     build: Callable[[Sequence[str], Sequence[tuple[int, int]]], Mapping[str, CachedShards]],
 ) -> int:
-    stored = 0
-    for chunk in keeping.batches(ids):
-        built = build(chunk, shardversion.read_many(client, chunk))
-        encoded = {keys.node_shards(node_id): _encoder.encode(entry) for node_id, entry in built.items()}
-        keeping.store(client, encoded, expiry)
-        stored += len(built)
-    return stored
+    versions = shardversion.read_many(client, ids)
+    built = list(build(ids, versions).items())
+    for chunk in keeping.batches(built):
+        keeping.store(client, {keys.node_shards(node_id): _encoder.encode(entry) for node_id, entry in chunk}, expiry)
+    return len(built)
 
 
 def forget() -> None:

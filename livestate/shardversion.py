@@ -17,7 +17,7 @@ from django.db import transaction
 from redis.client import Pipeline
 
 import livestate
-from livestate import keys
+from livestate import keeping, keys
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,10 @@ def queue_read(pipe: Pipeline, node_id: str) -> None:
 
 
 def read_many(client: redis.Redis, node_ids: Sequence[str]) -> list[tuple[int, int]]:
-    """Each node's counter and every node's, as `parse` gives them, in one command."""
-    *mine, everyone = client.hmget(keys.SHARD_VERSIONS, [*node_ids, EVERY_NODE])
+    """Each node's counter and every node's, as `parse` gives them, in one round trip (a command a batch)."""
+    everyone, *mine = keeping.read_batched(
+        client, [EVERY_NODE, *node_ids], lambda pipe, chunk: pipe.hmget(keys.SHARD_VERSIONS, list(chunk))
+    )
     return [(int(own or 0), int(everyone or 0)) for own in mine]
 
 

@@ -14,10 +14,11 @@ from inventory import desired
 from inventory.models import Shard
 from inventory.reconcile import reconcile
 from inventory.tasks import keep_shard_lists
-from livestate import cards, keys, shardlists, shardversion
+from livestate import cards, keeping, keys, shardlists, shardversion
 from nodes.api import cards as node_cards
-from nodes.models import NodeToken
+from nodes.models import NodeToken, digest
 from nodes.tasks import keep_cards
+from tests import factories
 from tests.agentapi import JOIN_TOKEN, a_load, heartbeat, register, reply_of
 from tests.factories import deployment
 
@@ -80,9 +81,9 @@ def test_a_revoked_token_is_kept_revoked(client, tokens, redis_client):
 def test_a_change_committed_while_the_cards_are_read_leaves_them_stale_not_wrong(tokens, redis_client):
     """The generations are fetched before the rows are read, as one node's card is (livestate.cards)."""
 
-    def read_while_changing(node_ids):
-        found = node_cards.many_from_database(node_ids)
-        for node in node_ids:
+    def read_while_changing():
+        found = node_cards.all_from_database()
+        for node in NODES:
             redis_client.incr(keys.generation(node))  # an admin change's bump, after the read
         return found
 
@@ -132,3 +133,26 @@ def test_a_shard_list_read_while_its_version_moves_is_stored_stale_not_wrong(tok
     for node in NODES:
         version, raw = shardlists.read(node)
         assert raw is not None and shardlists.decode(raw, version) is None
+
+
+def test_kept_shard_lists_of_nodes_without_shards_answer_without_a_database_read(
+    client, tokens, redis_client, django_assert_num_queries
+):
+    expire_everything(redis_client)
+    assert keep_cards() == keep_shard_lists() == len(NODES)
+    for token in tokens.values():
+        with django_assert_num_queries(0):
+            reply = reply_of(heartbeat(client, token, protocol.Heartbeat(load=a_load())))
+        assert reply.shards == [] and reply.engines == []
+
+
+def test_a_keeping_reads_every_node_in_one_query_whatever_the_fleet(redis_client, django_assert_num_queries):
+    """More nodes than a batch of Redis commands: still the ids, then one query of every row."""
+    ids = factories.build(3 * keeping.BATCH + 1, gpus=0, shards=0)
+    NodeToken.objects.bulk_create(NodeToken(node_id=node, secret_digest=digest("a secret")) for node in ids)
+    redis_client.flushdb()
+    with django_assert_num_queries(2):
+        assert keep_cards() == len(ids)
+    with django_assert_num_queries(2):
+        assert keep_shard_lists() == len(ids)
+    assert all(redis_client.exists(keys.card(node), keys.node_shards(node)) == 2 for node in ids)
