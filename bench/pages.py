@@ -178,7 +178,9 @@ def run() -> int:
         fleetload.forget()
 
     call_command("migrate", verbosity=0)
+    # A database given with DATABASE_URL may hold an earlier run's fleet and viewer.
     Node.objects.all().delete()
+    User.objects.filter(username="bench-viewer").delete()
     user = User.objects.create_user("bench-viewer", password="x")
     client = Client()
     client.force_login(user)
