@@ -28,7 +28,10 @@ already waiting in a generator), failures (no answer or not 2xx), and nodes
 marked unreachable (a flap: every node was beating). The fleet is *back* after
 the last degraded second: one with answered below 99 % of due, p99 over
 `P99_TARGET_MS`, a beat not sent in time, a failure or a flap. Target (issue
-25): back within one interval, p99 under 250 ms, no beat lost, no flap.
+25): back within one interval, p99 under 250 ms, no beat lost, no flap. The
+first `TENTHS_SECONDS` are also told a tenth of a second at a time (answered,
+p50, p99 and worst latency), which shows whether a second's slow beats were a
+queue that built and drained or a stall.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ DATABASE = "llmgw_bench_recovery"
 LEAD = 10.0
 SETTLE = 20.0
 SETTLE_MAX = 120.0
+# The first seconds after a disruption are also told a tenth of a second at a time.
+TENTHS_SECONDS = 2
 P99_TARGET_MS = 250.0
 ANSWERED_SHARE = 0.99
 
@@ -107,6 +112,29 @@ def per_second(stats: PhaseStats, start: float, seconds: int, flaps: list[float]
                 # Neither answered nor left unsent: refused, failed, or not answered before the generator's timeout.
                 "failed": due[s] - len(answered) - unsent[s],
                 "flaps": flapped[s],
+            }
+        )
+    return rows
+
+
+def per_tenth(stats: PhaseStats, start: float, seconds: int = TENTHS_SECONDS) -> list[dict]:
+    """The first `seconds` from `start` a tenth of a second at a time, by due time: the beats answered, their p50,
+    p99 and worst latency. A second's p99 is its slowest beats; these tell whether they were a queue that
+    built and drained (each tenth's latency falling as it drains) or a stall of the whole second."""
+    latencies: dict[int, list[float]] = {}
+    for at, latency in zip(stats.due_times, stats.latencies, strict=True):
+        if start <= at < start + seconds:
+            latencies.setdefault(int(10 * (at - start)), []).append(latency)
+    rows = []
+    for tenth in range(10 * seconds):
+        answered = sorted(latencies.get(tenth, []))
+        rows.append(
+            {
+                "from_s": tenth / 10,
+                "answered": len(answered),
+                "p50_ms": round(1000 * answered[len(answered) // 2], 1) if answered else None,
+                "p99_ms": round(1000 * answered[int(0.99 * (len(answered) - 1))], 1) if answered else None,
+                "max_ms": round(1000 * answered[-1], 1) if answered else None,
             }
         )
     return rows
@@ -267,9 +295,16 @@ class Recovery:
                 f"{r['not_in_time']:12d} {r['failed']:7d} {r['flaps']:6d}",
                 file=sys.stderr,
             )
+        tenths = per_tenth(stats, start)
+        print("from_s  answered  p50_ms  p99_ms  max_ms", file=sys.stderr)
+        for t in tenths:
+            print(
+                f"{t['from_s']:6.1f} {t['answered']:9d} {t['p50_ms']!s:>7} {t['p99_ms']!s:>7} {t['max_ms']!s:>7}",
+                file=sys.stderr,
+            )
         summary["load_average"] = round(os.getloadavg()[0], 1)
         print(summary_line(summary) + f"; load average {summary['load_average']}", file=sys.stderr)
-        self.results.append({"summary": summary, "seconds": rows[:shown]})
+        self.results.append({"summary": summary, "seconds": rows[:shown], "tenths": tenths})
 
     def disruption(self, name: str, act: Callable[[], None], note: str) -> None:
         a, fleet = self.args, self.fleet
