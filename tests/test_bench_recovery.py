@@ -58,11 +58,12 @@ def test_a_flap_or_a_beat_not_sent_in_time_is_degraded_however_fast_the_rest():
 
 def test_the_first_seconds_are_told_a_tenth_at_a_time_by_due_time():
     # A queue that built in the first tenths and drained: each tenth's beats wait less than the last's.
-    beats = [(0.05, 0.30), (0.05, 0.31), (0.05, 0.32), (0.15, 0.20), (0.95, 0.01), (1.5, 0.002), (2.5, 9.0)]
+    queue = [(0.05, 0.30), (0.05, 0.31), (0.05, 0.32), (0.15, 0.20), (0.95, 0.01), (1.5, 0.002)]
+    beats = [(-0.05, 5.0), *queue, (2.5, 9.0)]
     tenths = per_tenth(stats_of(beats, unsent=(0.06,)), START, seconds=2)
     assert len(tenths) == 20
     assert tenths[0] == {"from_s": 0.0, "answered": 3, "p50_ms": 310.0, "p99_ms": 310.0, "max_ms": 320.0}
     assert tenths[1]["p99_ms"] == 200.0 and tenths[9]["max_ms"] == 10.0
     assert tenths[2] == {"from_s": 0.2, "answered": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
-    # Beats due after the tenths told are left out.
+    # Beats due before the disruption or after the tenths told are left out.
     assert sum(t["answered"] for t in tenths) == 6

@@ -79,6 +79,11 @@ print("FLAPS", json.dumps([at.timestamp() for at in found]))
 """
 
 
+def percentile_ms(ordered: list[float], q: float) -> float | None:
+    """The `q` quantile of latencies sorted in seconds, in ms; None for none. The one rule for every figure here."""
+    return round(1000 * ordered[int(q * (len(ordered) - 1))], 1) if ordered else None
+
+
 def per_second(stats: PhaseStats, start: float, seconds: int, flaps: list[float]) -> list[dict]:
     """The phase second by second from `start` (time.monotonic()), by due time; `flaps` in seconds since start."""
 
@@ -107,7 +112,7 @@ def per_second(stats: PhaseStats, start: float, seconds: int, flaps: list[float]
                 "second": s,
                 "due": due[s],
                 "answered": len(answered),
-                "p99_ms": round(1000 * answered[int(0.99 * (len(answered) - 1))], 1) if answered else None,
+                "p99_ms": percentile_ms(answered, 0.99),
                 "not_in_time": not_in_time[s],
                 # Neither answered nor left unsent: refused, failed, or not answered before the generator's timeout.
                 "failed": due[s] - len(answered) - unsent[s],
@@ -132,9 +137,9 @@ def per_tenth(stats: PhaseStats, start: float, seconds: int = TENTHS_SECONDS) ->
             {
                 "from_s": tenth / 10,
                 "answered": len(answered),
-                "p50_ms": round(1000 * answered[len(answered) // 2], 1) if answered else None,
-                "p99_ms": round(1000 * answered[int(0.99 * (len(answered) - 1))], 1) if answered else None,
-                "max_ms": round(1000 * answered[-1], 1) if answered else None,
+                "p50_ms": percentile_ms(answered, 0.5),
+                "p99_ms": percentile_ms(answered, 0.99),
+                "max_ms": percentile_ms(answered, 1.0),
             }
         )
     return rows
@@ -285,7 +290,7 @@ class Recovery:
         summary = summarize(name, rows, self.args.interval, note, sum(1 for f in flaps if f < 0))
         # The same phase's beats due before the disruption, for what this machine's noise looked like then.
         before = sorted(latency for due, latency in zip(stats.due_times, stats.latencies, strict=True) if due < start)
-        summary["p99_before_ms"] = round(1000 * before[int(0.99 * (len(before) - 1))], 1) if before else None
+        summary["p99_before_ms"] = percentile_ms(before, 0.99)
         shown = max(summary["back_after_s"] + 5, 10)
         print(f"\n## {name}: {note}", file=sys.stderr)
         print("second  due  answered  p99_ms  not_in_time  failed  flaps", file=sys.stderr)
