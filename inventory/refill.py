@@ -27,6 +27,7 @@ from django.conf import settings
 from django.db import connection
 
 from inventory import desired
+from lib import collector
 
 log = logging.getLogger(__name__)
 
@@ -54,8 +55,11 @@ def refill(keep_cards: Callable[[], int | None]) -> None:
     """The two keepings, cards first (every cold heartbeat needs its card); logged, never raised."""
     started = time.monotonic()
     try:
-        cards = keep_cards()
-        shard_lists = desired.keep_cached()
+        # Tens of thousands of rows and entries, dropped once stored: a full collection
+        # among them took a third of the refill in a loaded web worker (lib/collector.py).
+        with collector.paused():
+            cards = keep_cards()
+            shard_lists = desired.keep_cached()
     except Exception:
         log.exception("refilling the heartbeat path's cache failed; Celery's keepers try again within a second")
         return

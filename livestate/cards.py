@@ -32,7 +32,6 @@ a period rather than the TTL.
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
@@ -53,15 +52,8 @@ KEEP_PERIOD_SECONDS = 60
 
 
 def expiry() -> int:
-    """Seconds a card stored now is kept: between half of CARD_TTL_SECONDS and all of it, drawn afresh each time.
-
-    A fleet whose cards were all stored within one interval (after Redis lost its
-    data, or read again after they all expired) would otherwise lose them all
-    within one interval again, CARD_TTL_SECONDS later and every time after: the
-    whole fleet on the cold path at once (bench.recovery). Drawn, the re-reads
-    spread over half the TTL, and none is kept longer than the backstop allows.
-    """
-    return random.randint(CARD_TTL_SECONDS // 2, CARD_TTL_SECONDS)
+    """Seconds a card stored now is kept (livestate.keeping.drawn_expiry)."""
+    return keeping.drawn_expiry(CARD_TTL_SECONDS)
 
 
 class NodeCard(msgspec.Struct, array_like=True):
@@ -131,7 +123,7 @@ def _store_all(client: redis.Redis, ids: Sequence[str], read_all: Callable[[], M
             if card is not None:
                 card.generation = int(generation or 0)
                 entries[keys.card(node_id)] = _encoder.encode(card)
-        keeping.store(client, entries, expiry)
+        keeping.store(client, entries, CARD_TTL_SECONDS)
         stored += len(entries)
     client.set(keys.CARDS_FILLED, "1")
     return stored

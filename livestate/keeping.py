@@ -11,6 +11,7 @@ next beat keeps at once.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -24,12 +25,19 @@ BATCH = 500
 
 # Each key set with its own expiry, a batch in one command. redis-py packs and parses a
 # pipelined SET in Python, some 20 µs each: 10,000 of them were most of a keeping's
-# 0.2-0.3 s, the time a Redis that lost its data stays cold (inventory.refill).
+# 0.2-0.3 s, the time a Redis that lost its data stays cold (inventory.refill). The
+# expiries are spread here rather than drawn in Python: a draw (random.randint) and a
+# packed argument a key were a third of a keeping's own CPU. ARGV holds the values, then
+# the shortest expiry, the number of seconds spread over, and where this batch starts;
+# keys in turn step by the golden ratio's fraction, which spreads any count evenly.
 _STORE = """
+local count = #KEYS
+local shortest, spread, start = tonumber(ARGV[count + 1]), tonumber(ARGV[count + 2]), tonumber(ARGV[count + 3])
 for i, key in ipairs(KEYS) do
-  redis.call('SET', key, ARGV[2 * i - 1], 'EX', ARGV[2 * i])
+  local expiry = shortest + math.floor(((start + i * 0.6180339887498949) % 1) * spread)
+  redis.call('SET', key, ARGV[i], 'EX', expiry)
 end
-return #KEYS
+return count
 """
 
 
@@ -49,13 +57,23 @@ def when_due(mark: str, period: int, work: Callable[[redis.Redis], int]) -> int 
         raise
 
 
-def store(client: redis.Redis, entries: Mapping[str, bytes], expiry: Callable[[], int]) -> None:
-    """Set each key to its value, each for `expiry()` seconds drawn afresh, in one call. Raises redis errors."""
+def drawn_expiry(ttl: int) -> int:
+    """Seconds an entry stored now is kept: drawn between half of `ttl` and all of it.
+
+    Entries stored within one interval (a fleet's first beats, or a keeping after Redis
+    lost its data) would otherwise all expire within one interval again, `ttl` later
+    and every time after: the whole fleet on the cold path at once (bench.recovery).
+    Drawn, the re-reads spread over half the TTL, and none is kept longer than `ttl`.
+    """
+    return random.randint(ttl // 2, ttl)
+
+
+def store(client: redis.Redis, entries: Mapping[str, bytes], ttl: int) -> None:
+    """Set each key to its value, in one call, each kept as `drawn_expiry(ttl)` would draw it. Raises redis errors."""
     if not entries:
         return
-    args: list[bytes | int] = []
-    for value in entries.values():
-        args += (value, expiry())
+    shortest = ttl // 2
+    args = [*entries.values(), shortest, ttl - shortest + 1, random.random()]
     # redis-py's Script: the client's pool, so safe beside a request in a web worker (inventory.refill).
     client.register_script(_STORE)(keys=list(entries), args=args)
 

@@ -10,7 +10,6 @@ that changes nothing reads it in the beat script's round trip instead
 from __future__ import annotations
 
 import logging
-import random
 from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
@@ -31,13 +30,8 @@ KEEP_PERIOD_SECONDS = 60
 
 
 def expiry() -> int:
-    """Seconds a list cached now is kept: drawn between half of CACHE_TTL_SECONDS and all of it.
-
-    Lists cached within one interval (a fleet's first beats, or after Redis lost its
-    data) would otherwise all expire within one interval, and the whole fleet read
-    its shards from the database at once, every CACHE_TTL_SECONDS (livestate.cards.expiry).
-    """
-    return random.randint(CACHE_TTL_SECONDS // 2, CACHE_TTL_SECONDS)
+    """Seconds a list cached now is kept (livestate.keeping.drawn_expiry)."""
+    return keeping.drawn_expiry(CACHE_TTL_SECONDS)
 
 
 class ReplicaName(msgspec.Struct, array_like=True):
@@ -129,7 +123,8 @@ def _store_all(
     versions = shardversion.read_many(client, ids)
     built = list(build(ids, versions).items())
     for chunk in keeping.batches(built):
-        keeping.store(client, {keys.node_shards(node_id): _encoder.encode(entry) for node_id, entry in chunk}, expiry)
+        entries = {keys.node_shards(node_id): _encoder.encode(entry) for node_id, entry in chunk}
+        keeping.store(client, entries, CACHE_TTL_SECONDS)
     return len(built)
 
 

@@ -9,3 +9,8 @@ django_application = get_wsgi_application()
 from nodes.api.fastpath import HeartbeatFastPath  # noqa: E402
 
 application = HeartbeatFastPath(django_application)
+
+# Last: what loading made lives as long as the worker, and full collections need not walk it (lib/collector.py).
+from lib import collector  # noqa: E402
+
+collector.freeze_loaded()

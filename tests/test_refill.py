@@ -7,6 +7,7 @@ heartbeat path starts the same keepings in its own worker (inventory/refill.py),
 
 from __future__ import annotations
 
+import gc
 import threading
 
 import pytest
@@ -105,3 +106,22 @@ def test_a_worker_starts_one_refill_a_second_at_most(redis_client, refill_on):
     release.set()
     wait_until(lambda: not refill_threads(), 10, "the refill's end")
     assert len(calls) == 1
+
+
+@pytest.mark.django_db
+def test_the_refill_runs_without_the_cyclic_collector_and_restores_it_however_it_ends(redis_client, monkeypatch):
+    seen = []
+
+    def keep_cards() -> int:
+        seen.append(gc.isenabled())
+        return 0
+
+    refill.refill(keep_cards)
+    assert seen == [False]
+    assert gc.isenabled()
+
+    def failing() -> int:
+        raise RuntimeError("the database went away")
+
+    refill.refill(failing)  # logged, not raised
+    assert gc.isenabled()

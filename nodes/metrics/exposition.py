@@ -14,12 +14,13 @@ the whole text of a 10,000-node fleet at once.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterable, Iterator
 from functools import lru_cache
 
 from prometheus_client import Metric
 from prometheus_client.exposition import choose_encoder
+
+from lib import collector
 
 EOF_LINE = b"# EOF\n"
 
@@ -77,9 +78,7 @@ def _chunks(registry, encoder, content_type: str, end: bool = True) -> Iterator[
     # the cyclic collector would only walk them over and over, a fifth of the
     # scrape's CPU at 10,000 nodes. It is paused for the scrape and restored
     # however the scrape ends (exhausted, failed, or closed by the server).
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector.paused():
         for metric in registry.collect():
             if isinstance(metric, RenderedFamily):
                 header = _header(content_type, metric.name, metric.documentation, metric.type)
@@ -88,6 +87,3 @@ def _chunks(registry, encoder, content_type: str, end: bool = True) -> Iterator[
                 yield _encode(encoder, metric)
         if end and content_type.startswith("application/openmetrics-text"):
             yield EOF_LINE
-    finally:
-        if was_enabled:
-            gc.enable()
