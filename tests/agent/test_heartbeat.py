@@ -197,7 +197,16 @@ def test_when_proc_cannot_be_read_no_load_is_sent_rather_than_an_old_one(plane, 
     swap = tmp_path / "proc-swap"
     swap.symlink_to(later)
     swap.replace(proc)
-    wait_until(lambda: any(b.load is not None for b in list(plane.heartbeats)), 10, "a heartbeat with the load")
+    uptime = iter(range(1010, 1_000_000))
+
+    def the_clock_moves_and_a_load_was_sent() -> bool:
+        # A fixed uptime gives one load only, for one 50 ms sample, which a busy machine's beater can miss:
+        # moving the later tree's clock (replaced whole, never half written) makes every sample a load.
+        (later / "uptime.new").write_text(f"{next(uptime)}.00 3970.00\n")
+        (later / "uptime.new").replace(later / "uptime")
+        return any(b.load is not None for b in list(plane.heartbeats))
+
+    wait_until(the_clock_moves_and_a_load_was_sent, 10, "a heartbeat with the load")
     (proc / "stat").write_text("garbage\n")
     count = plane.accepted()
     wait_until(lambda: plane.accepted() >= count + 3, 10, "more heartbeats")
