@@ -100,3 +100,15 @@ def test_the_render_made_ahead_exports_no_more(client, token):
     _, packed = prerender.render(time.time())
 
     assert b"invented" not in zlib.decompress(packed, wbits=31)
+
+
+def test_a_load_naming_some_or_none_of_the_held_gpus_is_exported_as_it_is(client, token):
+    placed = Allocation.objects.get(node_id="gpu-1").shard_id
+    beat(client, token, [gpu(1, "GPU-gpu-1.example-1")], [placed], seq=1)
+    found = samples(body(client.get("/metrics", HTTP_ACCEPT=TEXT)))
+    assert [dict(labels)["gpu"] for labels in named(found, "llmgw_gpu_utilization_percent")] == ["1"]
+
+    beat(client, token, [], [placed], seq=2)
+    found = samples(body(client.get("/metrics", HTTP_ACCEPT=TEXT)))
+    assert named(found, "llmgw_gpu_utilization_percent") == {}
+    assert [dict(labels)["node"] for labels in named(found, "llmgw_node_cpus")] == ["gpu-1"]

@@ -150,3 +150,19 @@ def test_gzip_when_the_scraper_accepts_it(client, populated):
     assert packed["Content-Encoding"] == "gzip"
     assert packed["Vary"] == "Accept-Encoding"
     assert gzip.decompress(b"".join(packed.streaming_content)).decode() == body(plain)
+
+
+def test_rows_unchanged_since_the_last_refresh_give_the_last_answer_and_render_nothing():
+    rendered = []
+
+    def render(row):
+        rendered.append(row)
+        return f"text of {row}"
+
+    cache = RowCache(render)
+    first = cache.refresh([("a", 1), ("b", 2)])
+    assert cache.refresh(iter([("a", 1), ("b", 2)])) is first
+    assert rendered == [("a", 1), ("b", 2)]
+    assert cache.refresh([("a", 1)]) == ["text of ('a', 1)"]
+    assert cache.refresh([("a", 1), ("b", 2)]) == first, "a row forgotten is rendered again when it comes back"
+    assert rendered == [("a", 1), ("b", 2), ("b", 2)]

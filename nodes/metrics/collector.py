@@ -36,12 +36,14 @@ log = logging.getLogger(__name__)
 class FleetCollector:
     """A prometheus_client collector; `describe()` runs no query, so registering it is free."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.nodes = RowCache(_render_node)
         self.gpus = RowCache(_render_gpus)
         self.gpu_conditions = RowCache(_render_gpu_condition)
         self.disks = RowCache(_render_disk)
         self.allocations = RowCache(_Allocation)
+        # Each node's GPU records, kept while the GPU conditions' cache gives the same list.
+        self.held: tuple[list[RenderedGPU], dict[str, bytes]] = ([], {})
 
     def describe(self) -> list[Metric]:
         return [Metric(family.name, family.documentation, family.type) for family in families.ALL]
@@ -68,7 +70,10 @@ class FleetCollector:
         gpu_rows = [row for row in inv.gpu_conditions if row.node in present]
         conditions = self.gpu_conditions.refresh(gpu_rows)
         # Only the GPUs the inventory holds, and below only the shards allocated here (nodes/metrics/known.py).
-        held = known.gpu_records((row.node for row in gpu_rows), (text.record for text in conditions))
+        held_for, held = self.held
+        if conditions is not held_for:
+            held = known.gpu_records((row.node for row in gpu_rows), (text.record for text in conditions))
+            self.held = (conditions, held)
         loads = known.held_chunks(scrape.loads, held)
         for index, family in enumerate(loadlines.STORED):
             yield rendered(family, [chunks[index] for chunks in loads])
@@ -143,9 +148,10 @@ class Scrape:
             log.warning("/metrics without loads: %s", exc)
             return cls(inv, [], {}, redis_ok=False)
         fresh = []
+        since = loadstore.fresh_since(now, margin)
         for node_id, raw in zip(node_ids, lines, strict=True):
             stored = loadlines.parse(raw)
-            if stored is not None and loadstore.is_fresh(stored.received_at, now, margin):
+            if stored is not None and stored.received_at >= since:
                 fresh.append((node_id, stored))
         return cls(inv, fresh, selfmetrics.read(counters), redis_ok=True)
 

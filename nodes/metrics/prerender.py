@@ -34,6 +34,7 @@ from django.conf import settings
 from prometheus_client import Metric
 
 import livestate
+from lib import collector
 from livestate import keys, selfmetrics
 from nodes.metrics import exposition
 from nodes.metrics.collector import FleetCollector, Scrape, self_families
@@ -70,9 +71,12 @@ def gzip(chunks: Iterable[bytes]) -> Iterator[bytes]:
 
 def render(now: float) -> tuple[str, bytes]:
     """The fleet's families as Prometheus asks for them, gzipped, without the closing "# EOF"."""
-    scrape = Scrape.take(now, margin=valid_seconds())
-    chunks, content_type = exposition.write(_Parts(_collector.fleet_families(scrape)), PROMETHEUS_FORMAT, end=False)
-    return content_type, b"".join(gzip(chunks))
+    # The inventory's rows are read with the cyclic collector paused too, as the scrape's lines are written
+    # (nodes/metrics/exposition.py): collections over them were a third of a render's CPU at 10,000 nodes.
+    with collector.paused():
+        scrape = Scrape.take(now, margin=valid_seconds())
+        chunks, content_type = exposition.write(_Parts(_collector.fleet_families(scrape)), PROMETHEUS_FORMAT, end=False)
+        return content_type, b"".join(gzip(chunks))
 
 
 def store(now: float) -> int:
