@@ -12,7 +12,7 @@ its GPU lines read one by one. A load naming only GPUs the inventory holds
 (some of them, or none: an agent with no GPU figures this time) is exported
 as it is too, since every line it has is of a GPU the records name; at 10,000
 nodes of 8 GPUs whose loads carried no GPU figures, reading each one's lines
-cost a render some 0.7 s of CPU (docs/operations.md).
+cost a render some 0.2 s of CPU (docs/operations.md, "The render in half the CPU").
 """
 
 from __future__ import annotations
