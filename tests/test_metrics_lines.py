@@ -106,14 +106,19 @@ def test_an_unreadable_rendered_load_is_skipped(raw):
     assert loadlines.parse(raw) is None
 
 
-def test_a_row_is_rendered_again_only_when_it_changed():
-    rendered = []
+def recording_cache() -> tuple[RowCache, list]:
+    """A row cache, and the rows it rendered, in order."""
+    rendered: list = []
 
     def render(row):
         rendered.append(row)
         return f"text of {row}"
 
-    cache = RowCache(render)
+    return RowCache(render), rendered
+
+
+def test_a_row_is_rendered_again_only_when_it_changed():
+    cache, rendered = recording_cache()
     assert cache.refresh([("a", 1), ("b", 2)]) == ["text of ('a', 1)", "text of ('b', 2)"]
     assert cache.refresh([("a", 1), ("b", 3)]) == ["text of ('a', 1)", "text of ('b', 3)"]
     assert rendered == [("a", 1), ("b", 2), ("b", 3)]
@@ -153,13 +158,7 @@ def test_gzip_when_the_scraper_accepts_it(client, populated):
 
 
 def test_rows_unchanged_since_the_last_refresh_give_the_last_answer_and_render_nothing():
-    rendered = []
-
-    def render(row):
-        rendered.append(row)
-        return f"text of {row}"
-
-    cache = RowCache(render)
+    cache, rendered = recording_cache()
     first = cache.refresh([("a", 1), ("b", 2)])
     assert cache.refresh(iter([("a", 1), ("b", 2)])) is first
     assert rendered == [("a", 1), ("b", 2)]

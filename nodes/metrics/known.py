@@ -39,16 +39,15 @@ def held_chunks(fresh: Sequence[tuple[str, loadlines.Rendered]], held: dict[str,
     exported = []
     for node_id, stored in fresh:
         records = held.get(node_id, b"")
-        if stored.gpus == records or _all_held(stored.gpus, records):
-            exported.append(stored.chunks)
-        else:
-            exported.append(_only_held(node_id, stored.chunks, records))
+        exported.append(
+            stored.chunks if _all_held(stored.gpus, records) else _only_held(node_id, stored.chunks, records)
+        )
     return exported
 
 
 def _all_held(named: bytes, records: bytes) -> bool:
-    """Whether every GPU a load's records name is among the inventory's records."""
-    return not named or set(named.splitlines()) <= set(records.splitlines())
+    """Whether every GPU a load's records name is among the inventory's records (mostly: all of them, equal)."""
+    return named == records or not named or set(named.splitlines()) <= set(records.splitlines())
 
 
 def _only_held(node_id: str, chunks: list[bytes], records: bytes) -> list[bytes]:
