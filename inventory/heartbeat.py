@@ -134,12 +134,15 @@ def admit(sender: Sender, received_at: float) -> None:
     _admit(sender, received_at, None)
 
 
-def receive(sender: Sender, beat: protocol.Heartbeat, received_at: float, started: float) -> protocol.HeartbeatReply:
+def receive(
+    sender: Sender, beat: protocol.Heartbeat, received_at: float, started: float, waited: float = 0.0
+) -> protocol.HeartbeatReply:
     """Apply a valid heartbeat of the sender's node and return what the node must do (raises `Refused`).
 
     `received_at` is the arrival time on the control plane's clock (the agent's
     `sent_at` is never used for ages); `started` is the perf_counter reading when
-    handling began, for the handling-time histogram.
+    handling began, for the handling-time histogram; `waited` is how long the
+    request had waited in the proxy for a web worker, 0 if unknown.
     """
     admitted = _admit(sender, received_at, beat)
     card = admitted.card
@@ -159,7 +162,7 @@ def receive(sender: Sender, beat: protocol.Heartbeat, received_at: float, starte
     else:
         noted = _record(admitted, card, beat, received_at, counts, orders.to_cache)
     if noted:
-        _pulse.accepted(received_at)
+        _pulse.accepted(received_at, waited)
     return heartbeat_reply(_as_revived(card), beat, orders)
 
 

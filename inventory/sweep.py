@@ -14,8 +14,16 @@ plane's fault rather than the nodes':
   of ever running (Redis new, restarted empty, or flushed): heartbeats may
   have gone unrecorded (a flush backlog, Redis's hash lost), and the sweep
   cannot tell which.
+- **The control plane is behind on its heartbeats**: within `outage_gap()` a
+  heartbeat was accepted after waiting longer than LLMGW_BEHIND_AFTER in the
+  proxy for a web worker (the time the proxy took it, its `X-Request-Start`,
+  against the worker's clock; nodes/api/views.py). Heartbeats then queue,
+  and the agents' own timeouts drop some of them: a node whose last few were
+  dropped looks silent though it beat on time. An overloaded web tier, a
+  fleet coming back all at once, a stall of the host: whatever the cause, it
+  is the control plane's. `LLMGW_DISRUPTION_THRESHOLD=1` turns this off too.
 
-After either, once the control plane is back, the fleet gets one grace period
+After any of them, once the control plane is back, the fleet gets one grace period
 of `LLMGW_UNREACHABLE_AFTER` in which nobody is marked unreachable or lost;
 heartbeats arriving meanwhile revive their nodes as usual. A node still
 silent when it ends is marked as before.
@@ -46,7 +54,7 @@ from inventory.liveness import MIN_DISRUPTED_NODES, SweepResult, mark_stale
 from inventory.models import Liveness, Node
 from lib.logs import OccasionalWarning
 from livestate import locks, sweeprecord
-from livestate.sweeprecord import SweepRecord
+from livestate.sweeprecord import Backlog, SweepRecord
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +89,18 @@ def outage_gap() -> float:
 
 
 def judge(
-    now: float, record: SweepRecord, accepted_at: float, fleet_can_fall_quiet: Callable[[], bool]
+    now: float,
+    record: SweepRecord,
+    accepted_at: float,
+    fleet_can_fall_quiet: Callable[[], bool],
+    backlog: Backlog | None = None,
 ) -> tuple[SweepRecord, str | None]:
     """The record this run leaves, with its grace period, and why a grace period began or went on (None: it did not).
 
     `fleet_can_fall_quiet` is asked only when no heartbeat has been accepted
     for the outage gap: whether the fleet is large enough for that to be the
-    control plane's fault rather than its only node's.
+    control plane's fault rather than its only node's. `backlog` is the latest
+    heartbeat that waited too long for a web worker, if any is on record.
     """
     gap = outage_gap()
     reasons = []
@@ -100,6 +113,11 @@ def judge(
         reasons.append(f"no heartbeat accepted anywhere for {now - accepted_at:.0f} s")
     elif record.quiet:
         reasons.append("heartbeats are accepted again")
+    if backlog is not None and now - backlog.at <= gap and settings.LLMGW_DISRUPTION_THRESHOLD < 1:
+        reasons.append(
+            f"the control plane is behind on its heartbeats: one waited {backlog.waited:.1f} s "
+            f"for a web worker {max(now - backlog.at, 0):.0f} s ago"
+        )
     grace_until = record.grace_until
     if reasons:
         grace_until = max(grace_until, now + settings.LLMGW_UNREACHABLE_AFTER)
@@ -142,7 +160,8 @@ def run(now: datetime | None = None) -> Outcome:
 def _run_locked(now: datetime) -> Outcome:
     seconds = now.timestamp()
     try:
-        record, accepted_at = sweeprecord.read()
+        heard = sweeprecord.read()
+        record, accepted_at = heard.record, heard.accepted_at
         if accepted_at is None:
             # Redis knows of no heartbeat: count the fleet's silence from now.
             sweeprecord.start_counting(seconds)
@@ -150,11 +169,11 @@ def _run_locked(now: datetime) -> Outcome:
     except redis.RedisError as exc:
         warn_skipped("stale sweep skipped, Redis is unavailable: %s", exc)
         return Outcome(skipped="Redis unavailable")
-    record, reason = judge(seconds, record, accepted_at, fleet_can_fall_quiet)
+    record, reason = judge(seconds, record, accepted_at, fleet_can_fall_quiet, heard.backlog)
     if reason:
         warn_grace(
             "no node is marked unreachable or lost before %s (LLMGW_UNREACHABLE_AFTER after the control plane's "
-            "own outage): %s",
+            "own outage or backlog): %s",
             datetime.fromtimestamp(record.grace_until, UTC).isoformat(timespec="seconds"),
             reason,
         )

@@ -30,6 +30,10 @@ HEARTBEATS = "llmgw:liveness:heartbeats"
 # Arrival time (Unix s) of the latest heartbeat accepted by any process, written at most once a second each
 # (livestate.sweeprecord): silence of the whole fleet there means the control plane was not listening.
 ACCEPTED_AT = "llmgw:liveness:accepted-at"
+# "<arrival> <seconds waited>" of the latest heartbeat that waited longer than LLMGW_BEHIND_AFTER in the proxy
+# for a web worker, written at most once a second by each process (livestate.sweeprecord): the control plane
+# is behind on its heartbeats.
+BEHIND_AT = "llmgw:liveness:behind-at"
 # Hash: the stale sweep's own record (last run, grace period, quiet), kept by each sweep (livestate.sweeprecord).
 SWEEP_RECORD = "llmgw:liveness:sweep-record"
 # Lock held by the stale sweep running now (livestate.locks); expires if its worker dies.

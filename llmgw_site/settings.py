@@ -38,6 +38,9 @@ try:
     # The share of the fleet unreachable at once above which the sweep marks no node lost
     # (inventory/liveness.py): then the fault is more likely ours or the network's.
     LLMGW_DISRUPTION_THRESHOLD = env_float("LLMGW_DISRUPTION_THRESHOLD", 0.55, minimum=0.0, maximum=1.0)
+    # A heartbeat that waited longer than this in the proxy for a web worker means the control plane is
+    # behind on its heartbeats, and the sweep blames no node for the silence that causes (inventory/sweep.py).
+    LLMGW_BEHIND_AFTER = env_float("LLMGW_BEHIND_AFTER", 1.0, minimum=0.0)
     LLMGW_LOAD_MAX_AGE = env_float("LLMGW_LOAD_MAX_AGE", 60.0, minimum=0.1)
     # How long a replica leaving (drained, moved, scaled down) keeps its engine running while the
     # gateways report requests in flight on it (inventory/drainhold.py); then it is stopped anyway.

@@ -12,11 +12,14 @@ import threading
 import time
 
 import pytest
+import redis
 import requests
 
 from agent import protocol
 from devstack.ports import free_port
-from devstack.stack import Stack
+from devstack.stack import Stack, given_join_token
+from livestate import keys
+from tests.factories import make_inventory
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +39,8 @@ def stack(tmp_path_factory, redis_server):
             "LLMGW_REGISTER_PER_MINUTE": str(REGISTER_PER_MINUTE),
             # Registrations below carry a wrong join token: refused credentials, counted per address.
             "LLMGW_AUTH_FAILURES_PER_MINUTE": str(REGISTER_PER_MINUTE),
+            # Every heartbeat's wait in the proxy is noted, however short (no sweep runs here).
+            "LLMGW_BEHIND_AFTER": "0",
         },
         web_port=free_port(),
         workers=1,
@@ -145,3 +150,29 @@ def test_each_agent_address_is_limited_on_its_own_and_a_forged_forwarded_for_cha
     assert 429 not in first[:-1], first
     # Another agent's address has its own budget, though both reach the web server from the proxy.
     assert register("127.0.0.8", "127.0.0.7") != 429
+
+
+def test_a_heartbeats_wait_is_the_proxys_own_measure_whatever_the_client_writes(stack):
+    base = f"http://127.0.0.1:{stack.web_port}"
+    join = given_join_token(stack.env)
+    message = protocol.Register(node_id="waits", inventory=make_inventory("waits.example"), inventory_hash="h")
+    answer = requests.post(
+        f"{base}/api/v1/register",
+        data=protocol.encode(message),
+        headers={"Authorization": f"Bearer {join}", "Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    token = protocol.decode(answer.content, protocol.Registered).token
+    store = redis.Redis.from_url(stack.env["REDIS_URL"])
+    store.delete(keys.BEHIND_AT)
+    # A client claiming its heartbeat reached the proxy in 1970: believed, the control plane would look
+    # decades behind and the sweep would mark no node.
+    forged = {"Authorization": f"Bearer {token}", "Content-Type": "application/json", "X-Request-Start": "t=1000000"}
+    sent = time.time()
+    beat = protocol.encode(protocol.Heartbeat())
+    answer = requests.post(f"{base}/api/v1/heartbeat", data=beat, headers=forged, timeout=10)
+    assert answer.status_code == 200, answer.text
+    noted_at, _, waited = store.get(keys.BEHIND_AT).partition(b" ")
+    assert sent <= float(noted_at) <= time.time()
+    assert 0 < float(waited) < time.time() - sent, "the wait is from the proxy's stamp, not the client's"

@@ -26,7 +26,7 @@ from inventory import liveness, sweep
 from inventory.models import Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
 from livestate import cards, keys, locks, selfmetrics
-from tests.agentapi import JOIN_TOKEN, heartbeat, register, reply_of
+from tests.agentapi import JOIN_TOKEN, heartbeat, post, register, reply_of
 
 pytestmark = [pytest.mark.django_db]
 
@@ -73,12 +73,19 @@ class Fleet:
         phase = round(seconds / PERIOD) % round(INTERVAL / PERIOD)
         return [name for i, name in enumerate(sorted(self.tokens)) if i % 2 == phase and name not in self.silent]
 
-    def step(self, seconds: float, *, web: bool = True, sweeps: bool = True) -> None:
-        """One beat period: the nodes due beat (if the web tier is up), then beat runs the sweep (if it runs)."""
+    def step(self, seconds: float, *, web: bool = True, sweeps: bool = True, waited: float | None = None) -> None:
+        """One beat period: the nodes due beat (if the web tier is up), then beat runs the sweep (if it runs).
+
+        With `waited`, each heartbeat comes as through the proxy, having waited that long there for a worker.
+        """
         self.clock.move_to(at(seconds))
         if web:
+            headers = {}
+            if waited is not None:
+                headers["X-Request-Start"] = f"t={round((at(seconds).timestamp() - waited) * 1e6)}"
             for name in self.names_beating_at(seconds):
-                reply = reply_of(heartbeat(self.client, self.tokens[name], protocol.Heartbeat()))
+                answer = post(self.client, "/api/v1/heartbeat", protocol.Heartbeat(), self.tokens[name], **headers)
+                reply = reply_of(answer)
                 assert reply.state == "ready", f"{name} was told {reply.state} at {seconds} s"
         if sweeps:
             self.summaries.append((seconds, mark_stale_task()))
@@ -251,6 +258,47 @@ def test_while_redis_is_down_the_sweep_skips_and_afterwards_gives_the_fleet_its_
     assert fleet.marked_unreachable() == {}, "graced until 34 s"
     fleet.run(34, 34)
     assert fleet.marked_unreachable() == {"n000": [34.0]}
+
+
+def test_while_heartbeats_queue_in_the_proxy_no_node_is_marked_and_a_dead_one_is_once_they_no_longer_do(
+    client, clock, settings
+):
+    settings.LLMGW_PROXY_HOPS = 1
+    settings.LLMGW_BEHIND_AFTER = 1.0
+    fleet = Fleet(client, clock, 20)
+    dead = "n007"
+    fleet.run(0, 12, waited=0.01)  # the first sweep's grace (no earlier sweep) lasts until 12 s
+    # The node dies while the control plane falls behind: every heartbeat waits 3 s for a worker.
+    fleet.silent.add(dead)
+    fleet.run(14, 40, waited=3.0)
+    assert fleet.marked_unreachable() == {}, "silence while heartbeats queue is the control plane's"
+    assert any("behind on its heartbeats: one waited 3.0 s" in str(summary["grace"]) for _, summary in fleet.summaries)
+    # Caught up at 42 s: the last backlog noted (at 40 s) is seen by the sweeps for the outage gap (8 s),
+    # each extending the grace by LLMGW_UNREACHABLE_AFTER (12 s): until 48 + 12 = 60 s.
+    fleet.run(42, 58, waited=0.01)
+    assert fleet.marked_unreachable() == {}, "no node marked during the grace period after the backlog"
+    fleet.run(60, 62, waited=0.01)
+    assert fleet.marked_unreachable() == {dead: [60.0]}, "a really silent node is still marked, after the grace"
+    assert NodeEvent.objects.filter(kind=NodeEvent.Kind.LIVENESS).count() == 1, "no node flapped"
+
+
+@pytest.mark.parametrize(
+    ("hops", "waited"),
+    [
+        pytest.param(1, 0.5, id="heartbeats-waiting-less-than-LLMGW_BEHIND_AFTER"),
+        pytest.param(0, 3.0, id="a-wait-written-by-a-client-with-no-proxy-in-front"),
+    ],
+)
+def test_a_dead_node_is_marked_on_time_unless_heartbeats_waited_in_our_proxy(client, clock, settings, hops, waited):
+    settings.LLMGW_PROXY_HOPS = hops
+    settings.LLMGW_BEHIND_AFTER = 1.0
+    fleet = Fleet(client, clock, 20)
+    dead = "n007"
+    fleet.run(0, 12, waited=waited)
+    fleet.silent.add(dead)  # its last heartbeat was at 10 s
+    fleet.run(14, 26, waited=waited)
+    assert fleet.marked_unreachable() == {dead: [24.0]}, "marked once silent for LLMGW_UNREACHABLE_AFTER, as ever"
+    assert not any("behind" in str(summary["grace"]) for _, summary in fleet.summaries)
 
 
 def test_the_only_node_of_a_cluster_falling_silent_is_its_own_silence(client, clock):
