@@ -31,7 +31,7 @@ def test_no_module_but_keys_spells_a_redis_key():
 def test_no_key_or_prefix_is_the_start_of_another():
     """Prefixes are scanned and deleted by pattern (`llmgw:nodeshards:*`): one must never match another's keys."""
     values = sorted(key_constants().values())
-    assert len(values) == len(set(values)) == 21
+    assert len(values) == len(set(values)) == 22
     clashes = [(a, b) for a in values for b in values if a != b and b.startswith(a)]
     assert clashes == []
 
