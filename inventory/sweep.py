@@ -113,7 +113,7 @@ def judge(
         reasons.append(f"no heartbeat accepted anywhere for {now - accepted_at:.0f} s")
     elif record.quiet:
         reasons.append("heartbeats are accepted again")
-    if backlog is not None and now - backlog.at <= gap and settings.LLMGW_DISRUPTION_THRESHOLD < 1:
+    if backlog is not None and now - backlog.at <= gap and disruption_rules_on():
         reasons.append(
             f"the control plane is behind on its heartbeats: one waited {backlog.waited:.1f} s "
             f"for a web worker {max(now - backlog.at, 0):.0f} s ago"
@@ -124,13 +124,18 @@ def judge(
     return SweepRecord(swept_at=now, grace_until=grace_until, quiet=quiet), "; ".join(reasons) or None
 
 
+def disruption_rules_on() -> bool:
+    """Whether the sweep may blame the control plane for a silence; LLMGW_DISRUPTION_THRESHOLD=1 turns that off."""
+    return settings.LLMGW_DISRUPTION_THRESHOLD < 1
+
+
 def fleet_can_fall_quiet() -> bool:
     """Whether a fleet with no heartbeat at all is more likely the control plane's fault than the nodes'.
 
     Not for a single live node (its silence is its own), nor when the
     disruption rule is turned off (LLMGW_DISRUPTION_THRESHOLD=1).
     """
-    if settings.LLMGW_DISRUPTION_THRESHOLD >= 1:
+    if not disruption_rules_on():
         return False
     return Node.objects.filter(liveness=Liveness.ALIVE).count() >= MIN_DISRUPTED_NODES
 

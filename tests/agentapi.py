@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import requests
+
 from agent import protocol
 from tests.factories import make_inventory
 
@@ -26,6 +28,18 @@ def register(client, node_id: str, join_token: str = JOIN_TOKEN, **inventory) ->
     registered = protocol.decode(response.content, protocol.Registered)
     assert registered.node_id == node_id
     return registered.token
+
+
+def register_over_http(base: str, message: protocol.Register, join_token: str = JOIN_TOKEN) -> str:
+    """Register a node through a running stack at `base` (its proxy), as its agent would; returns the node token."""
+    answer = requests.post(
+        f"{base}/api/v1/register",
+        data=protocol.encode(message),
+        headers={"Authorization": f"Bearer {join_token}", "Content-Type": "application/json"},
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    return protocol.decode(answer.content, protocol.Registered).token
 
 
 def heartbeat(client, token: str, beat: protocol.Heartbeat | bytes):

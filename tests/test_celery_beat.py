@@ -17,7 +17,7 @@ from devstack.polling import wait_until
 from devstack.ports import free_port
 from devstack.stack import Stack
 from livestate import keys
-from tests.agentapi import JOIN_TOKEN
+from tests.agentapi import JOIN_TOKEN, register_over_http
 from tests.factories import make_inventory
 
 pytestmark = [pytest.mark.slow]
@@ -63,14 +63,7 @@ def node_row(stack, node_id: str) -> tuple[str, str]:
 def test_a_node_whose_agent_stops_becomes_unreachable_then_lost(stack, redis_client):
     base = f"http://127.0.0.1:{stack.web_port}/api/v1"
     registration = protocol.Register(node_id="gpu-1", inventory=make_inventory("gpu-1.example", gpus=1))
-    response = requests.post(
-        f"{base}/register",
-        data=protocol.encode(registration),
-        headers={"Authorization": f"Bearer {JOIN_TOKEN}", "Content-Type": "application/json"},
-        timeout=10,
-    )
-    assert response.status_code == 200, response.text
-    token = protocol.decode(response.content, protocol.Registered).token
+    token = register_over_http(f"http://127.0.0.1:{stack.web_port}", registration)
     registered_at = node_row(stack, "gpu-1")[1]
 
     def beat() -> protocol.HeartbeatReply:

@@ -11,7 +11,7 @@ from devstack.polling import wait_until
 from devstack.ports import free_port
 from devstack.stack import Stack
 from livestate import keys
-from tests.agentapi import JOIN_TOKEN, a_load
+from tests.agentapi import JOIN_TOKEN, a_load, register_over_http
 from tests.factories import make_inventory
 from tests.test_metrics_prerender import PROMETHEUS
 
@@ -42,13 +42,7 @@ def stack(tmp_path, _redis_everywhere):
 def test_the_beat_renders_and_a_prometheus_scrape_is_answered_from_the_render(stack):
     base = f"http://127.0.0.1:{stack.web_port}"
     register = protocol.Register(node_id="gpu-1", inventory=make_inventory("gpu-1.example"), inventory_hash="h")
-    answer = requests.post(
-        f"{base}/api/v1/register",
-        data=protocol.encode(register),
-        headers={"Authorization": f"Bearer {JOIN_TOKEN}", "Content-Type": "application/json"},
-        timeout=10,
-    )
-    token = protocol.decode(answer.content, protocol.Registered).token
+    token = register_over_http(base, register)
     beat = requests.post(
         f"{base}/api/v1/heartbeat",
         data=protocol.encode(protocol.Heartbeat(inventory_hash="h", load=a_load(12.5))),

@@ -19,6 +19,7 @@ from agent import protocol
 from devstack.ports import free_port
 from devstack.stack import Stack, given_join_token
 from livestate import keys
+from tests.agentapi import register_over_http
 from tests.factories import make_inventory
 
 pytestmark = pytest.mark.slow
@@ -154,16 +155,8 @@ def test_each_agent_address_is_limited_on_its_own_and_a_forged_forwarded_for_cha
 
 def test_a_heartbeats_wait_is_the_proxys_own_measure_whatever_the_client_writes(stack):
     base = f"http://127.0.0.1:{stack.web_port}"
-    join = given_join_token(stack.env)
     message = protocol.Register(node_id="waits", inventory=make_inventory("waits.example"), inventory_hash="h")
-    answer = requests.post(
-        f"{base}/api/v1/register",
-        data=protocol.encode(message),
-        headers={"Authorization": f"Bearer {join}", "Content-Type": "application/json"},
-        timeout=10,
-    )
-    assert answer.status_code == 200, answer.text
-    token = protocol.decode(answer.content, protocol.Registered).token
+    token = register_over_http(base, message, given_join_token(stack.env))
     store = redis.Redis.from_url(stack.env["REDIS_URL"])
     store.delete(keys.BEHIND_AT)
     # A client claiming its heartbeat reached the proxy in 1970: believed, the control plane would look
@@ -176,3 +169,24 @@ def test_a_heartbeats_wait_is_the_proxys_own_measure_whatever_the_client_writes(
     noted_at, _, waited = store.get(keys.BEHIND_AT).partition(b" ")
     assert sent <= float(noted_at) <= time.time()
     assert 0 < float(waited) < time.time() - sent, "the wait is from the proxy's stamp, not the client's"
+
+
+def test_a_body_sent_slowly_is_not_counted_as_a_wait_in_the_proxy(stack):
+    """The stamp is taken once the body is in: a node trickling its body cannot make the control plane look behind."""
+    message = protocol.Register(node_id="slow", inventory=make_inventory("slow.example"), inventory_hash="h")
+    token = register_over_http(f"http://127.0.0.1:{stack.web_port}", message, given_join_token(stack.env))
+    store = redis.Redis.from_url(stack.env["REDIS_URL"])
+    store.delete(keys.BEHIND_AT)
+    body = protocol.encode(protocol.Heartbeat())
+    head = (
+        b"POST /api/v1/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Authorization: Bearer %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (token.encode(), len(body))
+    )
+    with socket.create_connection(("127.0.0.1", stack.web_port), timeout=15) as sock:
+        sock.sendall(head)
+        time.sleep(1.5)  # the slow sender itself, not a wait for something
+        sock.sendall(body)
+        answer = sock.recv(65536)
+    assert status_of(answer) == 200, answer
+    _, _, waited = store.get(keys.BEHIND_AT).partition(b" ")
+    assert 0 < float(waited) < 1.0, "the 1.5 s the body took is the sender's, not the proxy's queue"

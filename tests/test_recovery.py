@@ -283,14 +283,18 @@ def test_while_heartbeats_queue_in_the_proxy_no_node_is_marked_and_a_dead_one_is
 
 
 @pytest.mark.parametrize(
-    ("hops", "waited"),
+    ("hops", "waited", "threshold"),
     [
-        pytest.param(1, 0.5, id="heartbeats-waiting-less-than-LLMGW_BEHIND_AFTER"),
-        pytest.param(0, 3.0, id="a-wait-written-by-a-client-with-no-proxy-in-front"),
+        pytest.param(1, 0.5, 0.55, id="heartbeats-waiting-less-than-LLMGW_BEHIND_AFTER"),
+        pytest.param(0, 3.0, 0.55, id="a-wait-written-by-a-client-with-no-proxy-in-front"),
+        pytest.param(1, 3.0, 1.0, id="the-disruption-rules-turned-off"),
     ],
 )
-def test_a_dead_node_is_marked_on_time_unless_heartbeats_waited_in_our_proxy(client, clock, settings, hops, waited):
+def test_a_dead_node_is_marked_on_time_unless_heartbeats_waited_in_our_proxy(
+    client, clock, settings, hops, waited, threshold
+):
     settings.LLMGW_PROXY_HOPS = hops
+    settings.LLMGW_DISRUPTION_THRESHOLD = threshold
     settings.LLMGW_BEHIND_AFTER = 1.0
     fleet = Fleet(client, clock, 20)
     dead = "n007"

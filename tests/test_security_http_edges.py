@@ -19,7 +19,7 @@ from agent import protocol
 from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from devstack.stack import web_server_command
-from tests.agentapi import JOIN_TOKEN, a_load, register
+from tests.agentapi import JOIN_TOKEN, a_load, register, register_over_http
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -108,14 +108,7 @@ def test_the_real_web_server_reads_a_chunked_heartbeat_and_answers_head(tmp_path
         assert head.status_code == 200 and head.content == b""
 
         registration = protocol.Register(node_id="chunky-1", inventory=protocol.Inventory(hostname="chunky"))
-        registered = requests.post(
-            f"{base}/api/v1/register",
-            data=protocol.encode(registration),
-            headers={"Authorization": f"Bearer {JOIN_TOKEN}", "Content-Type": "application/json"},
-            timeout=10,
-        )
-        assert registered.status_code == 200, registered.text
-        node_token = protocol.decode(registered.content, protocol.Registered).token
+        node_token = register_over_http(base, registration)
 
         body = protocol.encode(protocol.Heartbeat(load=a_load()))
         # A generator makes requests send the body chunked, with no Content-Length.
