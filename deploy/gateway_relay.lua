@@ -11,11 +11,19 @@
 -- The answer's chunks are relayed as they come; an answer that ends before its chunked end gets
 -- the error event, then ends cleanly.
 --
--- On the way, the request asks its engine for a running usage (with_running_usage).
+-- On the way, the request asks its engine for a running usage (with_running_usage), and an event stream's
+-- pieces are handed to its count as they pass (deploy/gateway_usage.lua's llmgw_relay_count: the usage
+-- filter leaves the streams of the relay's frontend to it).
 --
--- Loaded by deploy/gateway.cfg (`lua-load`), which sets LLMGW_RELAY_SOCKET (`setenv`) first.
+-- Loaded by deploy/gateway.cfg (`lua-load`), which sets LLMGW_RELAY_SOCKET (`setenv`) first, and loads the
+-- usage filter before it.
 
 local SOCKET = "unix@" .. assert(os.getenv("LLMGW_RELAY_SOCKET"), "LLMGW_RELAY_SOCKET is not set")
+-- The usage filter's count of relayed streams; nil where the filter is not loaded (bench.tenants' sides
+-- without it), and then nothing is counted.
+local COUNT = llmgw_relay_count
+-- The server the internal frontend's backend chose, which it names in the answer for the count.
+local SERVER_HEADER = "x-llmgw-server"
 -- As `timeout server`: a long generation may pause this long before its first token.
 local TIMEOUT = 600
 
@@ -37,6 +45,7 @@ local RESPONSE_SKIP = {
     ["keep-alive"] = true,
     ["transfer-encoding"] = true,
     ["trailer"] = true,
+    [SERVER_HEADER] = true,
 }
 
 local CUT = 'data: {"error": {"message": "The model\'s engine stopped before the end of the answer",'
@@ -51,7 +60,7 @@ local function reply(applet, status, code, message)
     applet:send(body)
 end
 
-local function request_text(applet, body)
+local function request_text(applet, body, tenant, model)
     local target = applet.path
     if applet.qs ~= nil and applet.qs ~= "" then
         target = target .. "?" .. applet.qs
@@ -68,16 +77,25 @@ local function request_text(applet, body)
     end
     n = n + 1
     parts[n] = "x-llmgw-backend: " .. (applet:get_var("txn.backend") or "") .. "\r\n"
-        .. "x-llmgw-tenant: " .. (applet:get_var("txn.tenant") or "") .. "\r\n"
-        .. "x-llmgw-model: " .. (applet:get_var("txn.model") or "") .. "\r\n"
+        .. "x-llmgw-tenant: " .. (tenant or "") .. "\r\n"
+        .. "x-llmgw-model: " .. (model or "") .. "\r\n"
         .. "content-length: " .. #body .. "\r\nconnection: close\r\n\r\n"
     parts[n + 1] = body
     return table.concat(parts)
 end
 
+-- A piece of the answer on to the client, kept first for the count of an event stream's tokens (`count`,
+-- nil for an answer that is not one).
+local function pass(applet, count, piece)
+    if count then
+        COUNT.piece(count, piece)
+    end
+    applet:send(piece)
+end
+
 -- The answer's body after its headers: true when it was read to its end; false when cut, with
 -- the last piece sent (an error event starts after a blank line).
-local function relay_body(applet, upstream, chunked, length)
+local function relay_body(applet, upstream, count, chunked, length)
     local last = ""
     if chunked then
         while true do
@@ -100,24 +118,24 @@ local function relay_body(applet, upstream, chunked, length)
                 -- What came of a cut chunk is sent: the client sees all the engine sent.
                 if partial ~= nil and partial ~= "" then
                     last = string.sub(partial, 1, size)
-                    applet:send(last)
+                    pass(applet, count, last)
                 end
                 return false, last
             end
             last = string.sub(data, 1, size)
-            applet:send(last)
+            pass(applet, count, last)
         end
     elseif length ~= nil then
         if length > 0 then
             local data, _, partial = upstream:receive(length)
-            applet:send(data or partial or "")
+            pass(applet, count, data or partial or "")
             return data ~= nil
         end
         return true
     else
         -- No length, not chunked: the answer ends with the connection, so it cannot be told cut.
         local data, _, partial = upstream:receive("*a")
-        applet:send(data or partial or "")
+        pass(applet, count, data or partial or "")
         return true
     end
 end
@@ -141,13 +159,15 @@ local function with_running_usage(body, members)
 end
 
 local function relay(applet)
+    local arrived = core.now()
+    local tenant, model = applet:get_var("txn.tenant"), applet:get_var("txn.model")
     local body = with_running_usage(applet:receive() or "", applet:get_var("txn.running_usage"))
     local upstream = core.tcp()
     upstream:settimeout(TIMEOUT)
     if not upstream:connect(SOCKET) then
         return reply(applet, 503, "relay_unavailable", "The gateway could not reach its relay; retry later")
     end
-    if upstream:send(request_text(applet, body)) == nil then
+    if upstream:send(request_text(applet, body, tenant, model)) == nil then
         upstream:close()
         return reply(applet, 503, "relay_unavailable", "The gateway could not reach its relay; retry later")
     end
@@ -158,7 +178,7 @@ local function relay(applet)
         return reply(applet, 502, "upstream_disconnected", "The model's engine gave no answer")
     end
     applet:set_status(tonumber(status), reason)
-    local chunked, length, event_stream = false, nil, false
+    local chunked, length, event_stream, server = false, nil, false, nil
     while true do
         local line = upstream:receive("*l")
         if line == nil then
@@ -177,6 +197,8 @@ local function relay(applet)
                 length = tonumber(value)
             elseif name == "content-type" then
                 event_stream = string.find(string.lower(value), "text/event-stream", 1, true) ~= nil
+            elseif name == SERVER_HEADER then
+                server = value
             end
             if not RESPONSE_SKIP[name] and not (chunked and name == "content-length") then
                 applet:add_header(name, value)
@@ -184,8 +206,15 @@ local function relay(applet)
         end
     end
     applet:start_response()
-    local whole, last = relay_body(applet, upstream, chunked, not chunked and length or nil)
+    local count = nil
+    if event_stream and COUNT then
+        count = COUNT.start(tenant or "-", model or "-", (server ~= nil and server ~= "") and server or "-", arrived)
+    end
+    local whole, last = relay_body(applet, upstream, count, chunked, not chunked and length or nil)
     upstream:close()
+    if count then
+        COUNT.finish(count)
+    end
     if not whole then
         if not event_stream then
             -- Not an event stream: nothing the client could read as an error; the answer is aborted.

@@ -6,7 +6,10 @@
 -- `timings`; and each stream's time to first token as its client sees it, per model and server.
 --
 -- A stream is counted as it passes: each usage it reports adds what it counts more than the one before,
--- so a stream whose client goes away keeps the tokens its last running usage counted.
+-- so a stream whose client goes away keeps the tokens its last running usage counted. The streams that
+-- go through the stream relay (deploy/gateway_relay.lua: all but the benchmark's) are read from the
+-- pieces the relay hands here, a few at a time (llmgw_relay_count, at the end); this filter reads the
+-- others, and every whole answer, on the backend's side.
 --
 -- Loaded by deploy/gateway.cfg (`lua-load`, one thread: Debian's 2.6 Lua filter crashed with two).
 -- Totals stay in this process until the sync takes them with `llmgw usage take` on the admin
@@ -42,40 +45,58 @@ local first_tokens = {}
 local TAIL = 1024
 -- A stream's "data: [DONE]" and the blank line that ends it, with room for CRLFs.
 local DONE_AT_END = 20
+-- The stream relay's internal frontend (deploy/gateway.cfg): an event stream there is counted by the
+-- relay (llmgw_relay_count, below), not by this filter.
+local RELAY_FRONTEND = "relay"
 
 -- The counts of the last `key` object in `text` that `counts` reads (prompt, completion), or nil; and
 -- where such an object begins that the text cuts short (the next piece completes it), or nil. Plain
 -- searches first: most pieces of a stream hold neither key, and each found is checked at its place only.
 -- Objects are read where they lie, by position, not copied out: a running usage is on every event, and
--- each string made is garbage to collect.
-local function counted_in(text, key, counts)
+-- each string made is garbage to collect. Only the last whole object's numbers are read (`every`: each
+-- one's), as reading them costs twice what finding the object does and a piece may hold many events, each
+-- with a running usage; where the last has none, the walk is made again with `every`.
+local function counted_in(text, key, counts, every)
     local after = #key
-    local prompt, completion
+    local prompt, completion, last, last_close, cut
     local at = find(text, key, 1, true)
     while at do
         local value = match(text, "^%s*:%s*()", at + after)
         if value == nil then
             if find(text, "^%s*:?%s*$", at + after) then
-                return prompt, completion, at
+                cut = at
+                break
             end
             at = find(text, key, at + after, true) -- the key's word as a string, not a key
         elseif value > #text then
-            return prompt, completion, at
+            cut = at
+            break
         elseif byte(text, value) ~= 123 then -- not an object ("usage": null in every chunk of some engines)
             at = find(text, key, value, true)
         else
             local close = match(text, "^%b{}()", value)
             if close == nil then
-                return prompt, completion, at
+                cut = at
+                break
             end
-            local p, c = counts(text, value, close)
-            if p then
-                prompt, completion = p, c
+            if every then
+                local p, c = counts(text, value, close)
+                if p then
+                    prompt, completion = p, c
+                end
+            else
+                last, last_close = value, close
             end
             at = find(text, key, close, true)
         end
     end
-    return prompt, completion
+    if last then
+        prompt, completion = counts(text, last, last_close)
+        if prompt == nil then
+            return counted_in(text, key, counts, true)
+        end
+    end
+    return prompt, completion, cut
 end
 
 -- The number after `pattern`'s key within text[from, to), or nil.
@@ -216,6 +237,9 @@ function Usage:http_headers(txn, msg)
     local content_type = fetch:res_fhdr("content-type")
     local stream = content_type ~= nil and find(content_type, "text/event-stream", 1, true)
     if stream then
+        if fetch:fe_name() == RELAY_FRONTEND then
+            return -- the relay counts it (llmgw_relay_count), with no callback a piece
+        end
         self.stream = true
     else
         self.arrived = nil -- not timed
@@ -239,38 +263,48 @@ function Usage:http_headers(txn, msg)
     filter.register_data_filter(self, msg.channel)
 end
 
--- Each piece of an answer until its end is seen (a whole answer's usage, a stream's [DONE]); then the
--- rest passes unread (no callback per later chunk, none at the end: each Lua call costs microseconds).
-function Usage:http_payload(txn, msg)
-    local data = msg:body() -- this piece only: what came before was seen by an earlier call
-    if data == nil or data == "" then
-        return
-    end
-    local arrived = self.arrived
-    if arrived then -- a stream's first bytes
-        self.arrived = nil
-        first_token(self, txn, arrived)
-    end
-    local text = data
-    local tail = self.tail
-    if tail then
-        text = tail .. data
-    end
-    local prompt, completion, cut = usage_in(text)
+-- What was read in `text` (usage_in's answer) taken in: its usage counted; true once its end is seen (a
+-- whole answer's usage, a stream's [DONE]), after which the rest needs no reading; else a usage or key cut
+-- at its end is kept for the next read. `txn` is not used where `self.key` and `self.where` are known (a
+-- relayed stream's count).
+local function took(self, txn, text, prompt, completion, cut)
     if prompt then
         add(self, txn, prompt, completion)
     end
     if ended(self, text, prompt) then
-        filter.unregister_data_filter(self, msg.channel)
-        return
+        return true
     end
     if cut then
-        tail = sub(text, cut)
+        local tail = sub(text, cut)
         self.tail = #tail <= TAIL and tail or nil
     else
         -- A key itself cut between two pieces: at most its first 8 bytes ("timings) end this one, from a quote.
         local quote = find(text, '"', -8, true)
         self.tail = quote and sub(text, quote) or nil
+    end
+    return false
+end
+
+-- A piece of an answer after its headers: a stream's first bytes timed, then read (took).
+local function read_piece(self, txn, text)
+    local arrived = self.arrived
+    if arrived then
+        self.arrived = nil
+        first_token(self, txn, arrived)
+    end
+    local tail = self.tail
+    if tail then
+        text = tail .. text
+    end
+    return took(self, txn, text, usage_in(text))
+end
+
+-- Each piece of an answer until its end is seen; then the rest passes unread (no callback per later
+-- chunk, none at the end: each Lua call costs microseconds).
+function Usage:http_payload(txn, msg)
+    local data = msg:body() -- this piece only: what came before was seen by an earlier call
+    if data ~= nil and data ~= "" and read_piece(self, txn, data) then
+        filter.unregister_data_filter(self, msg.channel)
     end
 end
 
@@ -278,12 +312,88 @@ core.register_filter("llmgw_usage", Usage, function(usage, args)
     return usage
 end)
 
+-- The stream relay's count (deploy/gateway_relay.lua, loaded after this file, in the same Lua state). The
+-- relay has each piece of the event streams it relays in hand, so it keeps them here, and they are read
+-- together (read_relayed): when KEEP have gathered, when the totals are taken, and at the stream's end. A
+-- stream whose client goes away is read at the next take, as far as the relay got. The filter, reading
+-- every piece as it passes, costs a callback and a usage read a piece (about 20,000 instructions with a
+-- running usage on every event); kept, a piece costs a store, and a read reads one or two pieces.
+local KEEP = 64
+-- Streams with pieces kept: false while some are unread, true once read (dropped at the next take if
+-- nothing came since: ended, left, or between two tokens; their next piece keeps them again).
+local relayed = {}
+
+-- A relayed stream's kept pieces read: the latest first, then twice as many at each try until a whole
+-- usage is found, and all of them after what the last read kept (its tail) only where none holds one. The
+-- last whole usage in the latest pieces is the stream's last so far (a later one would be in them too), so
+-- with a running usage on every event a read takes one or two pieces, however many wait.
+local function read_relayed(count)
+    local n = count.n
+    count.n = 0
+    relayed[count] = true
+    if n > 0 and not count.ended then
+        local k = 1
+        local text = count[n]
+        local prompt, completion, cut = usage_in(text)
+        while prompt == nil and k < n do
+            k = k * 2 < n and k * 2 or n
+            text = concat(count, "", n - k + 1, n)
+            prompt, completion, cut = usage_in(text)
+        end
+        local tail = count.tail
+        if prompt == nil and tail then
+            text = tail .. text
+            prompt, completion, cut = usage_in(text)
+        end
+        count.ended = took(count, nil, text, prompt, completion, cut)
+    end
+    for i = 1, n do
+        count[i] = nil
+    end
+end
+
+llmgw_relay_count = {
+    -- A stream's count, from its tenant, model and server, and its arrival (core.now()).
+    start = function(tenant, model, server, arrived)
+        local place = model .. " " .. server
+        return { stream = true, arrived = arrived, where = place, key = tenant .. " " .. place, n = 0 }
+    end,
+    -- A piece relayed: its time if it is the first (as it passes, not when read), and kept.
+    piece = function(count, data)
+        local arrived = count.arrived
+        if arrived then
+            count.arrived = nil
+            first_token(count, nil, arrived)
+        end
+        local n = count.n + 1
+        count[n] = data
+        count.n = n
+        if n == 1 then
+            relayed[count] = false
+        elseif n >= KEEP then
+            read_relayed(count)
+        end
+    end,
+    -- The stream's end (whole or cut): what is kept read now.
+    finish = function(count)
+        read_relayed(count)
+        relayed[count] = nil
+    end,
+}
+
 -- `llmgw usage take`: one line per tenant, model and server: `TENANT MODEL SERVER requests prompt_tokens
 -- completion_tokens`; then one per model and server with streams timed: `ttft MODEL SERVER sum_us`
 -- and the count in each bucket of BOUNDS_US, the last over all of them (a tenant line has 6 fields,
 -- a ttft line 4 + #BOUNDS_US + 1).
 core.register_cli({ "llmgw", "usage", "take" }, "llmgw usage take : hand over the tokens counted, and zero them",
     function(applet)
+        for count, read in pairs(relayed) do
+            if read then
+                relayed[count] = nil
+            else
+                read_relayed(count)
+            end
+        end
         local taken, timed = totals, first_tokens
         totals, first_tokens = {}, {}
         for key, total in pairs(taken) do

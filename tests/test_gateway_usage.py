@@ -188,6 +188,20 @@ def test_a_running_usage_on_every_event_is_counted_once_as_the_engine_counts_it(
     assert seen.completion_tokens == engine.tokens_generated() == sum(range(2, 11, 2))
 
 
+def test_a_stream_of_more_pieces_than_the_relay_keeps_is_counted_once_as_the_engine_counts_it(gateway, engine):
+    """The relay keeps a stream's pieces and reads them 64 at a time (deploy/gateway_usage.lua, KEEP): 150
+    events with a running usage are read twice on the way and once at the end, and counted once."""
+    key = key_for("acme")
+    gateway.sync.run_once()
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"model": "chat", "prompt": "a b c", "max_tokens": 150, "stream": True, "stream_options": options}
+    last = streamed_usage(gateway.post("/v1/completions", body, key, stream=True))
+    assert last["completion_tokens"] == 150
+    gateway.sync.run_once()
+    assert totals(tenant="acme", replica=engine.replica) == Counted(1, last["prompt_tokens"], 150)
+    assert engine.tokens_generated() == 150
+
+
 @pytest.fixture
 def slow_engine(gateway, db):
     """A demo engine that takes 50 ms a token: a stream lasts long enough to be left mid-way."""
@@ -351,8 +365,21 @@ class CutRunningUsage(CutUsage):
     )
 
 
+class LastUsageWithoutCounts(CutUsage):
+    """A usage with its counts, then, in the same piece, one without them (an empty object): the counts are
+    those of the last usage that has them (only the last whole one is read first)."""
+
+    PIECES = (
+        b'data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":7,"completion_tokens":9}}\n\n'
+        b'data: {"choices":[],"usage":{}}\n\n',
+        b"data: [DONE]\n\n",
+    )
+
+
 @pytest.mark.parametrize(
-    "engine_answer", [CutUsage, CutTimings, CutRunningUsage], ids=["usage", "timings", "running-usage"]
+    "engine_answer",
+    [CutUsage, CutTimings, CutRunningUsage, LastUsageWithoutCounts],
+    ids=["usage", "timings", "running-usage", "last-without-counts"],
 )
 def test_a_usage_cut_between_pieces_of_an_answer_is_counted_once_whole(gateway, db, engine_answer):
     replica = serve("gw-1", 0)
