@@ -186,6 +186,7 @@ def test_the_control_planes_own_counters(client, db, redis_client):
     selfmetrics.record(selfmetrics.heartbeat_fields("bad_token", 0.0005))
     selfmetrics.record(selfmetrics.sweep_fields(unreachable=2, lost=1, failed=0))
     selfmetrics.record(selfmetrics.sweep_fields(unreachable=0, lost=0, failed=0, held_back=True))
+    selfmetrics.record(selfmetrics.sweep_fields(unreachable=0, lost=0, failed=0, graced=True))
     found = scrape(client)
     assert of(found, "llmgw_heartbeats_accepted_total") == 2
     assert of(found, "llmgw_heartbeats_rejected_total", reason="bad_token") == 1
@@ -196,10 +197,11 @@ def test_the_control_planes_own_counters(client, db, redis_client):
     assert of(found, "llmgw_heartbeat_handling_seconds_bucket", le="0.25") == 2
     assert of(found, "llmgw_heartbeat_handling_seconds_bucket", le="0.5") == 3
     assert of(found, "llmgw_heartbeat_handling_seconds_bucket", le="+Inf") == 3
-    assert of(found, "llmgw_stale_sweeps_total") == 2
+    assert of(found, "llmgw_stale_sweeps_total") == 3
     assert of(found, "llmgw_stale_nodes_marked_total", liveness="unreachable") == 2
     assert of(found, "llmgw_stale_nodes_marked_total", liveness="lost") == 1
     assert of(found, "llmgw_stale_sweeps_held_total") == 1
+    assert of(found, "llmgw_stale_sweeps_graced_total") == 1
 
 
 def test_a_tally_sends_its_first_count_at_once_then_the_rest_together_once_per_period(client, db, redis_client):

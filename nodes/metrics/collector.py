@@ -297,3 +297,6 @@ def self_families(counters: dict[str, float]) -> Iterator[Metric]:
     yield CounterMetricFamily(
         families.STALE_HELD.name, families.STALE_HELD.documentation, value=counters.get("swept:held", 0)
     )
+    yield CounterMetricFamily(
+        families.STALE_GRACED.name, families.STALE_GRACED.documentation, value=counters.get("swept:graced", 0)
+    )

@@ -70,6 +70,11 @@ STALE_HELD = Family(
     "Runs of the stale-marking task that marked no node lost because most of the fleet was unreachable at once.",
     "counter",
 )
+STALE_GRACED = Family(
+    "llmgw_stale_sweeps_graced",
+    "Runs of the stale-marking task that marked no node because the control plane was out or behind on its heartbeats.",
+    "counter",
+)
 
 SELF = (
     HEARTBEATS_ACCEPTED,
@@ -79,6 +84,7 @@ SELF = (
     NODES_MARKED,
     STALE_FAILURES,
     STALE_HELD,
+    STALE_GRACED,
 )
 
 ALL = (LOADSTORE_UP, *NODE_LOAD, *GPU_LOAD, *SHARD_LOAD, *INVENTORY, *SELF)
