@@ -314,11 +314,13 @@ end)
 
 -- The stream relay's count (deploy/gateway_relay.lua, loaded after this file, in the same Lua state). The
 -- relay has each piece of the event streams it relays in hand, so it keeps them here, and they are read
--- together (read_relayed): when KEEP have gathered, when the totals are taken, and at the stream's end. A
+-- together (read_relayed): when KEEP have gathered (or KEEP_BYTES: an engine's event may be large), when
+-- the totals are taken, and at the stream's end. A
 -- stream whose client goes away is read at the next take, as far as the relay got. The filter, reading
 -- every piece as it passes, costs a callback and a usage read a piece (about 20,000 instructions with a
 -- running usage on every event); kept, a piece costs a store, and a read reads one or two pieces.
 local KEEP = 64
+local KEEP_BYTES = 65536
 -- Streams with pieces kept: false while some are unread, true once read (dropped at the next take if
 -- nothing came since: ended, left, or between two tokens; their next piece keeps them again).
 local relayed = {}
@@ -329,7 +331,7 @@ local relayed = {}
 -- with a running usage on every event a read takes one or two pieces, however many wait.
 local function read_relayed(count)
     local n = count.n
-    count.n = 0
+    count.n, count.bytes = 0, 0
     relayed[count] = true
     if n > 0 and not count.ended then
         local k = 1
@@ -356,7 +358,7 @@ llmgw_relay_count = {
     -- A stream's count, from its tenant, model and server, and its arrival (core.now()).
     start = function(tenant, model, server, arrived)
         local place = model .. " " .. server
-        return { stream = true, arrived = arrived, where = place, key = tenant .. " " .. place, n = 0 }
+        return { stream = true, arrived = arrived, where = place, key = tenant .. " " .. place, n = 0, bytes = 0 }
     end,
     -- A piece relayed: its time if it is the first (as it passes, not when read), and kept.
     piece = function(count, data)
@@ -365,13 +367,12 @@ llmgw_relay_count = {
             count.arrived = nil
             first_token(count, nil, arrived)
         end
-        local n = count.n + 1
-        count[n] = data
-        count.n = n
-        if n == 1 then
-            relayed[count] = false
-        elseif n >= KEEP then
+        local n, bytes = count.n + 1, count.bytes + #data
+        count[n], count.n, count.bytes = data, n, bytes
+        if n >= KEEP or bytes >= KEEP_BYTES then
             read_relayed(count)
+        elseif n == 1 then
+            relayed[count] = false
         end
     end,
     -- The stream's end (whole or cut): what is kept read now.
