@@ -7,9 +7,9 @@
 --
 -- A stream is counted as it passes: each usage it reports adds what it counts more than the one before,
 -- so a stream whose client goes away keeps the tokens its last running usage counted. The streams that
--- go through the stream relay (deploy/gateway_relay.lua: all but the benchmark's) are read from the
--- pieces the relay hands here, a few at a time (llmgw_relay_count, at the end); this filter reads the
--- others, and every whole answer, on the backend's side.
+-- go through the stream relay (deploy/gateway_relay.lua: every stream, unless the config is rendered
+-- without it, as a benchmark does) are read from the pieces the relay hands here, a few at a time
+-- (llmgw_relay_count, at the end); this filter reads the others, and every whole answer.
 --
 -- Loaded by deploy/gateway.cfg (`lua-load`, one thread: Debian's 2.6 Lua filter crashed with two).
 -- Totals stay in this process until the sync takes them with `llmgw usage take` on the admin
