@@ -9,7 +9,7 @@ import time
 from argparse import Namespace
 
 from llmgwctl import config, show
-from llmgwctl.client import AUTH, OK, REFUSED, TIMED_OUT, USAGE, Client, Failure
+from llmgwctl.client import AUTH, OK, REFUSED, TIMED_OUT, UNREACHABLE, USAGE, Client, Failure
 
 ALL_PAGES_SIZE = 500
 POLL_SECONDS = 2.0
@@ -101,11 +101,23 @@ def act(args: Namespace) -> int:
 
 
 def wait_for_drain(api: Client, node_ids: list[str], timeout: float) -> int:
-    """Poll each node's drain until all are drained; a progress line whenever the count left changes."""
+    """Poll each node's drain until all are drained; a progress line whenever the count left changes.
+
+    A poll the control plane did not answer (no answer, or a 5xx: a web host restarting, a
+    database busy) is tried again at the next poll, until the deadline: a drain outlives such a
+    blip, and so does the wait for it. Any other refusal ends the wait.
+    """
     deadline = time.monotonic() + timeout
     shown: tuple = ()
     while True:
-        progress = [api.get(f"/nodes/{_path(node_id)}/drain/").json() for node_id in node_ids]
+        try:
+            progress = [api.get(f"/nodes/{_path(node_id)}/drain/").json() for node_id in node_ids]
+        except Failure as exc:
+            if exc.code != UNREACHABLE or time.monotonic() >= deadline:
+                raise
+            print(f"llmgw: {exc}; asking again", file=sys.stderr)
+            time.sleep(min(POLL_SECONDS, max(deadline - time.monotonic(), 0.0)))
+            continue
         # Someone uncordoned or cordoned a node meanwhile: its replicas will not move any more.
         stopped = [
             f"{p['node']} is {p['admin_state']}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import stat
 import subprocess
@@ -20,6 +21,8 @@ from gateway.models import ApiKey, Tenant, key_digest
 from gateway.usage import Counted
 from inventory.models import Deployment, Node
 from inventory.reconcile import reconcile
+from llmgwctl import commands
+from llmgwctl.client import AUTH, OK, UNREACHABLE, Failure
 from llmgwctl.main import main
 from tests.opsapi_support import free_port, make_token, wait_until
 
@@ -152,6 +155,44 @@ def test_drain_wait_gives_up_at_its_timeout(capsys, logged_in, cluster):
     assert "1 replicas left to move" in out and "not drained yet: ready-1" in err
 
 
+class Polls:
+    """A control plane for wait_for_drain: each poll's answer in turn, a Failure raised as it comes."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+
+    def get(self, path: str):
+        answer = self.answers.pop(0)
+        if isinstance(answer, Failure):
+            raise answer
+        response = requests.Response()
+        response.status_code, response._content = 200, json.dumps(answer).encode()
+        return response
+
+
+DRAINING = {"node": "n1", "admin_state": "draining", "drained": False, "replicas_left": 1}
+DRAINED = {"node": "n1", "admin_state": "cordoned", "drained": True, "replicas_left": 0}
+
+
+def test_drain_wait_asks_again_after_a_poll_the_control_plane_did_not_answer(capsys, monkeypatch):
+    monkeypatch.setattr(commands, "POLL_SECONDS", 0.0)
+    polls = Polls(DRAINING, Failure("HTTP 503 from the control plane", UNREACHABLE), DRAINED)
+    assert commands.wait_for_drain(polls, ["n1"], timeout=30) == OK
+    out, err = capsys.readouterr()
+    assert out.splitlines()[-1] == "drain: 1/1 nodes drained, 0 replicas left to move"
+    assert "HTTP 503 from the control plane; asking again" in err
+
+
+def test_drain_wait_ends_at_a_refusal_and_at_its_deadline_whatever_the_blips(monkeypatch):
+    monkeypatch.setattr(commands, "POLL_SECONDS", 0.0)
+    with pytest.raises(Failure) as refused:
+        commands.wait_for_drain(Polls(Failure("HTTP 403", AUTH)), ["n1"], timeout=30)
+    assert refused.value.code == AUTH
+    with pytest.raises(Failure) as unanswered:
+        commands.wait_for_drain(Polls(Failure("no answer", UNREACHABLE)), ["n1"], timeout=0)
+    assert unanswered.value.code == UNREACHABLE
+
+
 def test_drain_wait_exits_0_once_the_reconciler_has_cordoned_the_empty_node(capsys, logged_in, cluster):
     def reconciler() -> None:
         # Reconciler passes, as Celery beat runs them, until the drained node is cordoned. A pass
@@ -167,7 +208,7 @@ def test_drain_wait_exits_0_once_the_reconciler_has_cordoned_the_empty_node(caps
                 return False
 
         try:
-            wait_until(pass_done, 20, "the reconciler to cordon the drained node")
+            wait_until(pass_done, 30, "the reconciler to cordon the drained node")
         finally:
             connection.close()
 
