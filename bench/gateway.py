@@ -13,8 +13,6 @@ shared machine hits all alike:
   with `option redispatch`; `option http-no-delay`; the engine secret put on the way out),
   HAProxy started as devstack starts it (glibc's allocator fixed), its servers added by the
   gateway's sync; `--max-body` at its default, 256 KiB (a 272 KiB buffer);
-- gateway-16k: the same with `--max-body 16384` (a 32 KiB buffer): what a smaller limit saves
-  (the Python client's phases only);
 - gateway-norelay: the same as `gateway` with its streams sent straight to the backend instead of
   through the stream relay (deploy/gateway_relay.lua, which ends a cut stream with an SSE error
   event): what the relay costs a stream (the Python client's phases only);
@@ -66,7 +64,7 @@ from bench.standin.engine import Pace
 from bench.standin.fleet import Fleet
 from bench.standin.proxy import Server as StandinServer
 from bench.standin.real_gateway import RealGateway, desired
-from gateway.haproxy_config import HEADER_ROOM, MAX_BODY
+from gateway.haproxy_config import MAX_BODY, Frontend
 
 TENANT_KEY = "llmgw-bench-tenant-key"
 REPLICA_SECRET = "replica-secret-bench"
@@ -79,15 +77,14 @@ PACES = {
 }
 # Streams held open for the memory figure: a token a second each, so a thousand cost the engine little.
 TRICKLE = Pace(slots=4096, decode_tps=1, prefill_tps=4000, cache_tokens=0)
-# The gateway at its default body limit, and at a smaller one: the buffer, sized from the limit,
-# is most of its memory per open stream and much of its CPU per request.
+# A smaller body limit: the buffer, sized from the limit, is most of the gateway's memory per open stream
+# and much of its CPU per request, but the stream relay keeps it at the default's size whatever the limit
+# (gateway.haproxy_config.RELAY_BUFSIZE), so only the gateway without the relay is measured at it.
 SMALL_BODY = 16384
-SMALL = "gateway-16k"
 NORELAY = "gateway-norelay"
-GATEWAYS = ("gateway", SMALL, NORELAY)
+GATEWAYS = ("gateway", NORELAY)
 # The long streams of the core's rate: with the short ones (TOKENS), HAProxy's CPU per chunk.
 LONG_TOKENS = 128
-MEMORY_BODIES = (MAX_BODY, 65536, SMALL_BODY)
 QUESTION = [{"role": "user", "content": " ".join(["Name three colours."] * 50)}]
 TOKENS = 8
 # The fixed engine's models (bench/standin/wrk.py), one per way it answers; wrk's phases:
@@ -333,12 +330,10 @@ async def measure(args) -> dict:
             engine = stack.enter_context(wrk.FixedEngine(FIXED["json"]))
             fixed = {FIXED[answer]: port for answer, port in engine.ports.items()}
         proxy = stack.enter_context(gateway(fleets, fixed=fixed))
-        small = stack.enter_context(gateway(fleets, SMALL_BODY))
         norelay = stack.enter_context(gateway(fleets, relay=False))
         routes = [
             Route("direct", ports, REPLICA_SECRET),
             Route("gateway", dict.fromkeys(ports, proxy.port), TENANT_KEY, proxy.pid),
-            Route(SMALL, dict.fromkeys(ports, small.port), TENANT_KEY, small.pid),
             Route(NORELAY, dict.fromkeys(ports, norelay.port), TENANT_KEY, norelay.pid),
         ]
         if use_litellm:
@@ -365,7 +360,7 @@ async def measure(args) -> dict:
         if use_litellm:
             results["litellm_rss"] = rss_tree(peer.pid)
         print("  the relay's cost, paired…", flush=True)
-        results["relay pairs"] = await relay_pairs(routes[1], routes[3], args.requests * 2)
+        results["relay pairs"] = await relay_pairs(routes[1], routes[2], args.requests * 2)
         print("  a gateway core's rate…", flush=True)
         for kind, stream, tokens in (("stream", True, TOKENS), ("whole", False, TOKENS), ("long", True, LONG_TOKENS)):
             found = await in_turns(routes[1 : 1 + len(GATEWAYS)], "instant", stream, 64, many, 1, tokens)
@@ -381,8 +376,9 @@ async def measure(args) -> dict:
 
 
 PHASES = ("1 stream", "1 whole")
-# The memory figure's gateways: each body limit with the relay, and the default one without.
-MEMORY = (*((max_body, True) for max_body in MEMORY_BODIES), (MAX_BODY, False))
+# The memory figure's gateways: as production runs it; without the relay, at the default body limit and at
+# the smaller one (what the relay's buffer costs a deployment with small prompts).
+MEMORY = ((MAX_BODY, True), (MAX_BODY, False), (SMALL_BODY, False))
 
 
 def memory_key(max_body: int, relay: bool) -> str:
@@ -484,7 +480,7 @@ def report(results: dict, args) -> list[dict]:
         add(f"{name}_cpu_per_streamed_chunk", per_chunk, "µs")
     for max_body, relay in MEMORY:
         idle, held, opened = results[memory_key(max_body, relay)]
-        bufsize = max_body + HEADER_ROOM
+        bufsize = Frontend("", max_body, relay=relay).bufsize
         suffix = "" if relay else "_norelay"
         print(
             f"gateway{'' if relay else ' without the relay'}, --max-body {max_body} (tune.bufsize {bufsize}): "

@@ -15,6 +15,9 @@
 -- pieces are handed to its count as they pass (deploy/gateway_usage.lua's llmgw_relay_count: the usage
 -- filter leaves the streams of the relay's frontend to it).
 --
+-- A relay that falls a whole buffer behind its hop (its client reading more slowly than the engine writes)
+-- cannot catch up in HAProxy 2.6; a watchdog (below) ends its stream with an error event instead of a hang.
+--
 -- Loaded by deploy/gateway.cfg (`lua-load`), which sets LLMGW_RELAY_SOCKET (`setenv`) first, and loads the
 -- usage filter before it.
 
@@ -26,6 +29,20 @@ local COUNT = llmgw_relay_count
 local SERVER_HEADER = "x-llmgw-server"
 -- As `timeout server`: a long generation may pause this long before its first token.
 local TIMEOUT = 600
+
+-- Each relay in flight, by its socket to the internal frontend, for the watchdog (below): where it is
+-- (`at`: SENDING to its client, RECEIVING from its hop, nil between), the pieces it has sent (`n`), whether
+-- the watchdog has seen it blocked on its client (`lagged`) and has probed it (`probed`). Weak keys: a relay
+-- whose client left is dropped with its coroutine, socket and all.
+local RELAYS = setmetatable({}, { __mode = "k" })
+local SENDING, RECEIVING = 1, 2
+-- Milliseconds between the watchdog's rounds. A relay is seen blocked on its client if it is for a round; to
+-- fall a buffer behind unseen, it would have to take in half a megabyte (the kernel's queues and two buffers)
+-- in less, far more than an engine writes. A round over 10,000 relays takes under a millisecond.
+local WATCH_EVERY_MS = 250
+-- An empty line before a request line, which an HTTP/1.1 server ignores (RFC 9112, section 2.2): the internal
+-- frontend reads it and carries on; a hop that has ended refuses it, and the relay's wait ends.
+local PROBE = "\r\n"
 
 -- Not sent on: hop-by-hop headers, the length (the body is sent whole, with its own), and the
 -- internal routing headers, which only the relay sets (the internal frontend trusts them).
@@ -50,6 +67,11 @@ local RESPONSE_SKIP = {
 
 local CUT = 'data: {"error": {"message": "The model\'s engine stopped before the end of the answer",'
     .. ' "type": "server_error", "param": null, "code": "upstream_disconnected"}}\n\n'
+-- A stream the watchdog ended (below): its client read more slowly than its engine wrote, fell a whole buffer
+-- behind, and the rest of the answer could not be relayed.
+local STALLED = 'data: {"error": {"message": "The gateway could not relay the rest of the answer: the client'
+    .. ' read it more slowly than the engine wrote it and fell too far behind", "type": "server_error",'
+    .. ' "param": null, "code": "relay_stalled"}}\n\n'
 
 local function reply(applet, status, code, message)
     local body = '{"error":{"message":"' .. message .. '","type":"server_error","param":null,"code":"' .. code .. '"}}'
@@ -86,20 +108,31 @@ end
 
 -- A piece of the answer on to the client, kept first for the count of an event stream's tokens (`count`,
 -- nil for an answer that is not one).
-local function pass(applet, count, piece)
+local function pass(applet, state, count, piece)
     if count then
         COUNT.piece(count, piece)
     end
+    state.at = SENDING
     applet:send(piece)
+    state.at = nil
+    state.n = state.n + 1
+end
+
+-- upstream:receive(pattern), with the relay marked waiting on its hop meanwhile.
+local function take(state, upstream, pattern)
+    state.at = RECEIVING
+    local data, err, partial = upstream:receive(pattern)
+    state.at = nil
+    return data, err, partial
 end
 
 -- The answer's body after its headers: true when it was read to its end; false when cut, with
 -- the last piece sent (an error event starts after a blank line).
-local function relay_body(applet, upstream, count, chunked, length)
+local function relay_body(applet, upstream, state, count, chunked, length)
     local last = ""
     if chunked then
         while true do
-            local size_line = upstream:receive("*l")
+            local size_line = take(state, upstream, "*l")
             local hex = size_line and string.match(size_line, "^%x+")
             local size = hex and tonumber(hex, 16)
             if size == nil then
@@ -108,34 +141,34 @@ local function relay_body(applet, upstream, count, chunked, length)
             if size == 0 then
                 -- The trailers, if any, end with an empty line; the answer is whole.
                 repeat
-                    local trailer = upstream:receive("*l")
+                    local trailer = take(state, upstream, "*l")
                 until trailer == nil or trailer == ""
                 return true
             end
             -- The chunk and the CRLF after it, in one read (a read costs more than the copy).
-            local data, _, partial = upstream:receive(size + 2)
+            local data, _, partial = take(state, upstream, size + 2)
             if data == nil then
                 -- What came of a cut chunk is sent: the client sees all the engine sent.
                 if partial ~= nil and partial ~= "" then
                     last = string.sub(partial, 1, size)
-                    pass(applet, count, last)
+                    pass(applet, state, count, last)
                 end
                 return false, last
             end
             last = string.sub(data, 1, size)
-            pass(applet, count, last)
+            pass(applet, state, count, last)
         end
     elseif length ~= nil then
         if length > 0 then
-            local data, _, partial = upstream:receive(length)
-            pass(applet, count, data or partial or "")
+            local data, _, partial = take(state, upstream, length)
+            pass(applet, state, count, data or partial or "")
             return data ~= nil
         end
         return true
     else
         -- No length, not chunked: the answer ends with the connection, so it cannot be told cut.
-        local data, _, partial = upstream:receive("*a")
-        pass(applet, count, data or partial or "")
+        local data, _, partial = take(state, upstream, "*a")
+        pass(applet, state, count, data or partial or "")
         return true
     end
 end
@@ -210,7 +243,10 @@ local function relay(applet)
     if event_stream and COUNT then
         count = COUNT.start(tenant or "-", model or "-", (server ~= nil and server ~= "") and server or "-", arrived)
     end
-    local whole, last = relay_body(applet, upstream, count, chunked, not chunked and length or nil)
+    local state = { n = 0 }
+    RELAYS[upstream] = state
+    local whole, last = relay_body(applet, upstream, state, count, chunked, not chunked and length or nil)
+    RELAYS[upstream] = nil
     upstream:close()
     if count then
         COUNT.finish(count)
@@ -223,8 +259,42 @@ local function relay(applet)
         if last ~= nil and last ~= "" and string.sub(last, -2) ~= "\n\n" then
             applet:send("\n\n")
         end
-        applet:send(CUT)
+        applet:send(state.probed and STALLED or CUT)
     end
 end
 
 core.register_service("llmgw_relay", "http", relay)
+
+-- The watchdog. HAProxy 2.6's cosocket does not tell its connection when the relay has read room into a
+-- full buffer (the relay's receive consumes outside the socket's own handler, whose check for consumed data
+-- is all that clears the connection's wait for room): once a relay falls a whole buffer behind its hop,
+-- because its client reads more slowly than the engine writes, the rest of the answer is never read, and
+-- the relay would wait for it forever. Such a hop, not read, ends its side after `timeout client` (the
+-- internal frontend's, in deploy/gateway.cfg), but that too goes unseen. So each round the watchdog notes
+-- the relays it finds blocked on their clients, and probes those of them that wait on their hop with
+-- nothing relayed since the round before: a hop still there reads the probe and carries on, one that has
+-- ended refuses it, the socket fails, and the relay ends its stream with an error event (STALLED).
+local function watch()
+    while true do
+        core.msleep(WATCH_EVERY_MS)
+        -- Found first, probed after: a probe may yield, and relays starting meanwhile add to the table.
+        local waiting = {}
+        for upstream, state in pairs(RELAYS) do
+            if state.at == SENDING then
+                state.lagged = true
+            elseif state.at == RECEIVING and state.lagged and state.n == state.seen then
+                waiting[#waiting + 1] = upstream
+            end
+            state.seen = state.n
+        end
+        for _, upstream in ipairs(waiting) do
+            local state = RELAYS[upstream]
+            if state ~= nil then
+                state.probed = true
+                pcall(upstream.send, upstream, PROBE)
+            end
+        end
+    end
+end
+
+core.register_task(watch)

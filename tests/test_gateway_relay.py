@@ -18,6 +18,7 @@ import time
 import pytest
 
 from agent import enginekinds
+from gateway.haproxy_config import RELAY_LUA
 from gateway.runtime import ask
 from inventory.models import Deployment, ReplicaState, Shard
 from inventory.models import Engine as EngineKind
@@ -37,11 +38,12 @@ CUT_EVENT = {
 
 class ScriptedEngine(threading.Thread):
     """An engine answering every request with `chunks` as a chunked event stream, then its end (or, with
-    `end=False`, a closed connection without it); it keeps each request's headers."""
+    `end=False`, a closed connection without it); it keeps each request's headers. It answers after `wait`
+    seconds; its chunks go `gap` seconds apart, or with `gap=None` all in one write, as fast as a machine can."""
 
-    def __init__(self, chunks: list[bytes], end: bool = True):
+    def __init__(self, chunks: list[bytes], end: bool = True, gap: float | None = 0.005, wait: float = 0):
         super().__init__(daemon=True)
-        self.chunks, self.end = chunks, end
+        self.chunks, self.end, self.gap, self.wait = chunks, end, gap, wait
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.heads: list[bytes] = []
@@ -70,13 +72,21 @@ class ScriptedEngine(threading.Thread):
             body += connection.recv(65536)
         self.heads.append(head)
         self.bodies.append(body)
+        time.sleep(self.wait)
         connection.sendall(
             b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
             b"Connection: close\r\n\r\n"
         )
-        for chunk in self.chunks:
-            connection.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-            time.sleep(0.005)
+        framed = [b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in self.chunks]
+        try:
+            if self.gap is None:
+                connection.sendall(b"".join(framed))
+            else:
+                for piece in framed:
+                    connection.sendall(piece)
+                    time.sleep(self.gap)
+        except OSError:
+            return  # the gateway ended the stream
         if self.end:
             connection.sendall(b"0\r\n\r\n")
 
@@ -84,8 +94,8 @@ class ScriptedEngine(threading.Thread):
         self.listener.close()
 
 
-def scripted(gateway: Gateway, chunks: list[bytes], end: bool = True) -> ScriptedEngine:
-    made = ScriptedEngine(chunks, end)
+def scripted(gateway: Gateway, chunks: list[bytes], **answer) -> ScriptedEngine:
+    made = ScriptedEngine(chunks, **answer)
     serve("gw-1", made.port)
     gateway.program()
     return made
@@ -273,3 +283,100 @@ def test_a_stream_to_a_model_without_a_ready_replica_gets_the_backends_503_throu
     assert head.startswith(b"HTTP/1.1 503")
     assert json.loads(body)["error"]["code"] == "no_ready_replica"
     assert (relayed(gateway), engine.heads) == (1, [])
+
+
+STALLED_EVENT = {
+    "error": {
+        "message": "The gateway could not relay the rest of the answer: the client read it more slowly than the engine"
+        " wrote it and fell too far behind",
+        "type": "server_error",
+        "param": None,
+        "code": "relay_stalled",
+    }
+}
+
+
+def events(count: int, size: int) -> list[bytes]:
+    """`count` events of about `size` bytes each, then `[DONE]`."""
+    return [b'data: {"n": %d, "pad": "%s"}\n\n' % (n, b"y" * size) for n in range(count)] + [b"data: [DONE]\n\n"]
+
+
+@pytest.fixture
+def small_gateway(tmp_path):
+    # --max-body 16384: a 32 KiB buffer by the body's measure.
+    made = Gateway(tmp_path / "gw-16k", max_body=16_384)
+    yield made
+    made.stop()
+
+
+@pytest.mark.django_db
+def test_an_answer_larger_than_a_small_bodys_buffer_arriving_at_once_comes_through_whole(small_gateway, key):
+    # 38 KB of events in one write: with the buffer sized by --max-body alone (32 KiB), HAProxy read more than
+    # its buffer at once and 2.6's Lua socket never read the rest (every stream hung ~1.6 KB short of its end).
+    chunks = events(128, 280)
+    scripted(small_gateway, chunks, gap=None)
+    for _ in range(20):
+        connection = socket.create_connection(("127.0.0.1", small_gateway.port))
+        connection.sendall(request_bytes(STREAM, key))
+        assert dechunk(read_to_end(connection, deadline=5)) == (200, b"".join(chunks), True)
+        connection.close()
+
+
+@pytest.mark.django_db
+def test_a_client_that_falls_a_buffer_behind_its_stream_gets_an_error_event_not_a_hang(gateway, key):
+    # 20 MB of events at once, to a client that stops reading for a moment (its window a few KB): the relay
+    # falls a whole buffer behind, which 2.6's Lua socket cannot recover from. The client reads on and gets
+    # what was relayed, then the error event, then the response's end.
+    chunks = events(20_000, 1000)
+    scripted(gateway, chunks, gap=None)
+    connection = socket.socket()
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    connection.connect(("127.0.0.1", gateway.port))
+    connection.sendall(request_bytes(STREAM, key))
+    received = connection.recv(4096)
+    time.sleep(1)  # the client's pause, which lets the engine's 20 MB pile up in front of it
+    status, body, complete = dechunk(read_to_end(connection, received, deadline=15))
+    assert (status, complete) == (200, True)
+    relayed_part, _, last = body.rpartition(b"data: ")
+    assert json.loads(last) == STALLED_EVENT
+    # What came before it is the engine's stream as it began, not all of it, up to where the relay's last
+    # read ended (a cut event is sent as far as it came, and the error event starts after a blank line).
+    whole = b"".join(chunks)
+    assert relayed_part.endswith(b"\n\n")
+    sent = relayed_part if whole.startswith(relayed_part) else relayed_part.removesuffix(b"\n\n")
+    assert whole.startswith(sent)
+    assert 0 < len(sent) < len(whole)
+
+
+@pytest.mark.django_db
+def test_the_watchdogs_probe_is_ignored_by_a_hop_whose_engine_is_silent(gateway, key):
+    # The probe the relay's watchdog sends a hop it suspects has ended, sent here to a live one: on the
+    # relay's own socket, after a request as the relay writes it, while the engine says nothing for longer
+    # than the hop's `timeout client` (before its answer, and between its events). The hop carries on.
+    written = re.search(r'local PROBE = "(.*)"', RELAY_LUA.read_text()).group(1)
+    probe = written.encode().decode("unicode_escape").encode()
+    chunks = events(2, 10)
+    engine = scripted(gateway, chunks, gap=3, wait=3)
+    body = json.dumps(STREAM).encode()
+    hop = socket.socket(socket.AF_UNIX)
+    hop.connect(str(gateway.paths.relay_socket))
+    hop.sendall(
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: gateway\r\ncontent-type: application/json\r\n"
+        b"x-llmgw-backend: m_chat\r\nx-llmgw-tenant: acme\r\nx-llmgw-model: chat\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+    )
+    for _ in range(4):
+        time.sleep(1)  # the engine's silence, probed each second as the watchdog would
+        hop.sendall(probe)
+    # The hop closes after its answer; a probe it had not read by then makes that close a reset (a unix
+    # socket closed with data unread), which comes after the whole answer, as the relay reads it.
+    hop.settimeout(15)
+    received = b""
+    try:
+        while more := hop.recv(65536):
+            received += more
+    except ConnectionResetError:
+        pass
+    status, relayed_body, complete = dechunk(received)
+    assert (status, relayed_body, complete) == (200, b"".join(chunks), True)
+    assert len(engine.bodies) == 1
