@@ -12,10 +12,13 @@ shared machine hits all alike:
   models map; the 400/404/413 rules; leastconn; `retry-on conn-failure empty-response 503`
   with `option redispatch`; `option http-no-delay`; the engine secret put on the way out),
   HAProxy started as devstack starts it (glibc's allocator fixed), its servers added by the
-  gateway's sync; `--max-body` at its default, 256 KiB (a 272 KiB buffer);
+  gateway's sync; `--max-body` at its default, 256 KiB (a 272 KiB buffer); its deployments
+  vLLM's, so that its relay asks every stream for vLLM's running usage, a `usage` on every
+  event, which the stand-ins send and the relay counts as production's vLLM streams are;
 - gateway-norelay: the same as `gateway` with its streams sent straight to the backend instead of
   through the stream relay (deploy/gateway_relay.lua, which ends a cut stream with an SSE error
-  event): what the relay costs a stream (the Python client's phases only);
+  event, and asks for the running usage): what the relay costs a stream (the Python client's
+  phases only);
 - litellm: LiteLLM's proxy (`litellm[proxy]==1.108.7`, its own venv in var/, installed
   on the first run) with its master key, serving the same models.
 
@@ -58,6 +61,7 @@ from pathlib import Path
 
 import psutil
 
+from agent import enginekinds
 from bench.agent_cost import cpu_ns, write_results
 from bench.standin import client, litellm, wrk
 from bench.standin.engine import Pace
@@ -86,6 +90,8 @@ GATEWAYS = ("gateway", NORELAY)
 # The long streams of the core's rate: with the short ones (TOKENS), HAProxy's CPU per chunk.
 LONG_TOKENS = 128
 QUESTION = [{"role": "user", "content": " ".join(["Name three colours."] * 50)}]
+# What the relay adds to a stream for a running usage: the gateway's deployments are vLLM's.
+RUNNING_USAGE = enginekinds.get("vllm").running_usage
 TOKENS = 8
 # The fixed engine's models (bench/standin/wrk.py), one per way it answers; wrk's phases:
 # (name, the engine's answer, connections, streamed).
@@ -243,7 +249,7 @@ def gateway(
     keys = {"bench": TENANT_KEY, **{f"tenant-{i}": f"key-{i}" for i in range(OTHER_TENANTS)}}
     models = {model: fleet.servers() for model, fleet in fleets.items()}
     models |= {model: [StandinServer("r1", port)] for model, port in (fixed or {}).items()}
-    return RealGateway(desired(models, REPLICA_SECRET, keys), max_body, relay=relay)
+    return RealGateway(desired(models, REPLICA_SECRET, keys, running_usage=RUNNING_USAGE), max_body, relay=relay)
 
 
 def schedstat_tree(pid: int | None) -> tuple[int, int]:

@@ -87,7 +87,29 @@ def test_a_streamed_chat_completion_sends_each_token_then_usage_then_done():
         "blue",
     ]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    # Usage once, at the end: the stream did not ask for a running one.
+    assert ["usage" in c for c in chunks] == [False] * 4 + [True]
     assert chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_a_stream_that_asks_for_vllms_running_usage_gets_one_on_every_event():
+    async def go():
+        port, _, server = await engine(Pace(slots=1, decode_tps=500, prefill_tps=0))
+        asked = {**json.loads(chat(3, stream=True).partition(b"\r\n\r\n")[2])}
+        asked["stream_options"] = {"include_usage": True, "continuous_usage_stats": True}
+        running = await raw(port, client.request_bytes("/v1/chat/completions", json.dumps(asked).encode()))
+        asked["stream_options"] = "yes"
+        refused = await raw(port, client.request_bytes("/v1/chat/completions", json.dumps(asked).encode()))
+        server.close()
+        return running, refused
+
+    (status, body), refused = asyncio.run(go())
+    assert status == 200
+    chunks = [json.loads(event) for event in events(body)[:-1]]
+    # Each token's event counts the tokens so far; the last, the whole answer, as vLLM's do.
+    assert [c["usage"]["completion_tokens"] for c in chunks] == [1, 2, 3, 3]
+    assert {c["usage"]["prompt_tokens"] for c in chunks} == {3}
+    assert refused[0] == 400 and json.loads(refused[1])["error"]["param"] == "stream_options"
 
 
 def test_a_plain_completion_streams_too():

@@ -13,8 +13,10 @@ prefix caching do. A rate of 0 answers at once (for measuring what sits in front
 
 It speaks what the gateway forwards: `POST /v1/chat/completions` and `/v1/completions`,
 streaming (SSE, ending `data: [DONE]`) or not, with `usage` (prompt, completion and
-cached tokens); `GET /health`, `/v1/models`, `/props` (`total_slots`) and `/metrics`
-with llama.cpp's names (`llamacpp:requests_processing`, `llamacpp:requests_deferred`,
+cached tokens; on every event too when the stream asks for vLLM's running usage,
+`stream_options.continuous_usage_stats`, as the gateway's relay does for vLLM);
+`GET /health`, `/v1/models`, `/props` (`total_slots`) and `/metrics` with llama.cpp's names
+(`llamacpp:requests_processing`, `llamacpp:requests_deferred`,
 `llamacpp:tokens_predicted_total`, `llamacpp:predicted_tokens_seconds`). Given
 `--api-key`, `/v1/` answers only `Authorization: Bearer <key>`, as llama-server does.
 A client that disconnects cancels its request, queued or decoding. A token is a word.
@@ -184,7 +186,8 @@ def prompt_words(path: str, request: dict) -> list[str]:
     return words
 
 
-def parse_request(path: str, body: bytes) -> tuple[list[str], int, bool]:
+def parse_request(path: str, body: bytes) -> tuple[list[str], int, bool, bool]:
+    """The prompt's words, max_tokens, whether streamed, and whether each event carries a running usage."""
     try:
         request = json.loads(body)
     except ValueError:
@@ -197,7 +200,10 @@ def parse_request(path: str, body: bytes) -> tuple[list[str], int, bool]:
     stream = request.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest("stream", "stream must be true or false")
-    return prompt_words(path, request), max_tokens, stream
+    options = request.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise BadRequest("stream_options", "stream_options must be an object")
+    return prompt_words(path, request), max_tokens, stream, options.get("continuous_usage_stats") is True
 
 
 def error_body(message: str, kind: str, param: str | None = None) -> bytes:
@@ -225,12 +231,12 @@ class Completion:
             return self._object("chat.completion", choice, usage)
         return self._object("text_completion", {"index": 0, "text": text, "finish_reason": "length"}, usage)
 
-    def event(self, word: str, first: bool) -> bytes:
+    def event(self, word: str, first: bool, usage: dict | None = None) -> bytes:
         if self.chat:
             delta = {"role": "assistant", "content": word} if first else {"content": word}
-            body = self._object("chat.completion.chunk", {"index": 0, "delta": delta, "finish_reason": None})
+            body = self._object("chat.completion.chunk", {"index": 0, "delta": delta, "finish_reason": None}, usage)
         else:
-            body = self._object("text_completion", {"index": 0, "text": word, "finish_reason": None})
+            body = self._object("text_completion", {"index": 0, "text": word, "finish_reason": None}, usage)
         return b"data: " + body + b"\n\n"
 
     def last_event(self, usage: dict) -> bytes:
@@ -320,12 +326,12 @@ class Server:
             await writer.drain()
             return keep
         try:
-            tokens, max_tokens, stream = parse_request(path, body)
+            tokens, max_tokens, stream, running = parse_request(path, body)
         except BadRequest as exc:
             self._send(writer, 400, error_body(str(exc), "invalid_request_error", exc.param), keep)
             await writer.drain()
             return keep
-        answer = self._stream if stream else self._whole
+        answer = functools.partial(self._stream, running=running) if stream else self._whole
         work = asyncio.ensure_future(answer(writer, path, tokens, max_tokens))
         # A client that goes away mid-request frees its slot (or its place in the queue), as a
         # real engine's does. Watched without reading: the next request may already be arriving.
@@ -347,14 +353,16 @@ class Server:
         self._send(writer, 200, body, True)
         await writer.drain()
 
-    async def _stream(self, writer, path: str, tokens: list[str], max_tokens: int) -> None:
+    async def _stream(self, writer, path: str, tokens: list[str], max_tokens: int, running: bool) -> None:
         answer = Completion(self.replica, path)
         counts: dict = {}
-        first = True
+        first, made = True, 0
         # Closed here, so a client gone while a token is being written frees the slot at once.
         async with contextlib.aclosing(self.replica.generate(tokens, max_tokens, counts)) as words:
             async for word in words:
-                event = answer.event(word if first else " " + word, first)
+                made += 1
+                so_far = usage(len(tokens), made, counts["cached"]) if running else None
+                event = answer.event(word if first else " " + word, first, so_far)
                 if first:
                     # The headers go with the first token, as llama-server sends them once a slot has the request.
                     writer.write(

@@ -32,15 +32,18 @@ def desired(
     keys: dict[str, str],
     affinity: bool = False,
     max_in_flight: int = 0,
+    running_usage: str = "",
 ) -> Desired:
     """One backend per model, a server per stand-in replica; `keys` tenant → key, kept as digests.
-    `max_in_flight`: the deployments' max in flight per replica (each server's maxconn), 0 for none."""
+    `max_in_flight`: the deployments' max in flight per replica (each server's maxconn), 0 for none;
+    `running_usage`: what the relay adds to a stream for a running usage (an engine kind's record's)."""
     backends = {
         model: Backend(
             model,
             engine_secret,
             tuple(Server(f"{model}-{s.name}", "127.0.0.1", s.port, maxconn=max_in_flight) for s in servers),
             prefix_affinity=affinity,
+            running_usage=running_usage,
         )
         for model, servers in models.items()
     }
