@@ -259,6 +259,12 @@ local function relay(applet)
         if last ~= nil and last ~= "" and string.sub(last, -2) ~= "\n\n" then
             applet:send("\n\n")
         end
+        if state.probed then
+            -- In HAProxy's log (the gateway's output): an operator seeing relay_stalled errors finds them here.
+            core.Warning(string.format("llmgw relay: ended a stream its client had fallen a buffer behind"
+                .. " (tenant %s, model %s, server %s, %d pieces relayed)", tenant or "-", model or "-",
+                server or "-", state.n))
+        end
         applet:send(state.probed and STALLED or CUT)
     end
 end

@@ -93,13 +93,16 @@ class Gateway:
         self.start()
 
     def start(self) -> None:
-        self.process = subprocess.Popen(
-            devgateway.haproxy_command(self.paths.directory),
-            env={**os.environ, **devgateway.HAPROXY_ENV},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        # Its log (`log stdout`) and warnings, kept for the tests that read them.
+        self.output = self.paths.directory / "haproxy.out"
+        with self.output.open("ab") as output:
+            self.process = subprocess.Popen(
+                devgateway.haproxy_command(self.paths.directory),
+                env={**os.environ, **devgateway.HAPROXY_ENV},
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         # An answer, not an open port: a restarted gateway's port (and its admin socket's file, left by the
         # killed one) can be there before its worker serves, and a request sent then was reset.
         wait_until(lambda: self.paths.admin_socket.exists() and self.answers(), 10, "the gateway")

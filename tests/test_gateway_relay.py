@@ -18,6 +18,7 @@ import time
 import pytest
 
 from agent import enginekinds
+from devstack.polling import wait_until
 from gateway.haproxy_config import RELAY_LUA
 from gateway.runtime import ask
 from inventory.models import Deployment, ReplicaState, Shard
@@ -346,6 +347,15 @@ def test_a_client_that_falls_a_buffer_behind_its_stream_gets_an_error_event_not_
     sent = relayed_part if whole.startswith(relayed_part) else relayed_part.removesuffix(b"\n\n")
     assert whole.startswith(sent)
     assert 0 < len(sent) < len(whole)
+    # And the gateway's log says so, for the operator.
+    wait_until(
+        lambda: (
+            "ended a stream its client had fallen a buffer behind (tenant acme, model chat"
+            in gateway.output.read_text(errors="replace")
+        ),
+        5,
+        "the relay's warning in the gateway's log",
+    )
 
 
 @pytest.mark.django_db
