@@ -70,7 +70,8 @@ class Command(BaseCommand):
             "--max-body",
             type=int,
             default=MAX_BODY,
-            help=f"the largest request body routed, in bytes ({MAX_BODY}); larger ones get 413",
+            help=f"the largest request body routed, in bytes ({MAX_BODY}); larger ones get 413. HAProxy's buffer is"
+            " sized from it, never below the default's while streams go through the relay",
         )
         parser.add_argument(
             "--request-timeout",
