@@ -43,8 +43,9 @@ HEADER_ROOM = 16_384
 # The smallest buffer the stream relay works with: more than one read of its internal socket can bring (the
 # kernel queues up to net.core.wmem_default, 208 KiB, on a unix socket), so that an answer arriving faster
 # than the relay reads it does not fill the relay's buffer at once, which 2.6's Lua socket never recovers
-# from (deploy/gateway_relay.lua's watchdog; docs/gateway.md, "The stream relay").
-RELAY_BUFSIZE = MAX_BODY + HEADER_ROOM
+# from (deploy/gateway_relay.lua's watchdog; docs/gateway.md, "The stream relay"). A number of its own, the
+# default's buffer today, so that a smaller default body limit would not lower it.
+RELAY_BUFSIZE = 278_528
 PRODUCTION_MAXCONN = 20_000
 # Seconds a client has to send its whole request, headers and body, before a 408: what a slow
 # (or deliberately slow) client may hold a connection and a buffer for.
