@@ -43,6 +43,7 @@ import requests
 
 from bench.soaklib import checks, report
 from bench.soaklib.fleet import Fleet
+from bench.soaklib.graces import Graces
 from bench.soaklib.operator import AdminError, Operator
 from bench.soaklib.postgres import PrivatePostgres, SharedPostgres
 from devstack.polling import wait_until
@@ -102,6 +103,7 @@ class Soak:
         self.expected_admin: dict[str, set[str]] = {}
         self.silenced: dict[str, float] = {}  # node → when it fell quiet
         self.returned: dict[str, float] = {}  # node → when it spoke again
+        self.graces = Graces(args.unreachable_after)
         self.quiet_to_the_end: list = []
         self.operator_errors: list[str] = []
         self.t0 = 0.0
@@ -289,7 +291,9 @@ class Soak:
         between = (a.unreachable_after + a.lost_after) / 2
 
         async def go_quiet_later() -> None:
-            await asyncio.sleep(max(self.end_at - between - time.time(), 0))
+            # The end moves back when a fault ran long: follow it.
+            while time.time() < self.end_at - between:
+                await asyncio.sleep(min(self.end_at - between - time.time(), 1))
             for node in stay_unreachable:
                 node.silent = True
                 self.silenced[node.node_id] = time.time()
@@ -308,17 +312,21 @@ class Soak:
             asyncio.create_task(come_back(past_lost, a.lost_after + self.slack, "lost")),
         ]
 
-    def deepest_state(self, silent_for: float) -> set[str]:
-        """What a node quiet for `silent_for` seconds must have reached (a set when it could be either)."""
+    def deepest_state(self, since: float, until: float, graces: Graces) -> set[str]:
+        """What a node quiet from `since` to `until` must have reached (a set when it could be either).
+
+        A threshold counts as crossed when a sweep was surely free to mark it:
+        a beat period and a margin past it, outside the control plane's grace periods.
+        """
         a = self.args
-        longest = silent_for + a.interval  # its last beat may have been up to an interval earlier
-        if silent_for >= a.lost_after + a.beat_period + 5:
+        longest = until - since + a.interval  # its last beat may have been up to an interval earlier
+        margin = a.beat_period + 5
+        if graces.surely_crossed(since, until, a.lost_after, margin):
             return {"lost"}
-        if silent_for >= a.unreachable_after + a.beat_period + 5 and longest + 1 < a.lost_after:
-            return {"unreachable"}
-        if silent_for >= a.unreachable_after + a.beat_period + 5:
-            return {"unreachable", "lost"}
-        return {"alive", "unreachable"}
+        could_be_lost = {"lost"} if longest + 1 >= a.lost_after else set()
+        if graces.surely_crossed(since, until, a.unreachable_after, margin):
+            return {"unreachable"} | could_be_lost
+        return {"alive", "unreachable"} | could_be_lost
 
     # -- operators -------------------------------------------------------------------------------
 
@@ -351,6 +359,20 @@ class Soak:
         self.mark("operator acted", cordon=len(cordon), drain=len(drain), uncordon=len(uncordon))
 
     # -- sampling --------------------------------------------------------------------------------
+
+    async def watch_graces(self) -> None:
+        """Read the sweep's record twice a second, keeping each grace period the control plane gave the fleet."""
+        import redis
+
+        from livestate import sweeprecord
+
+        while True:
+            try:
+                heard = await asyncio.to_thread(sweeprecord.read)
+                self.graces.saw(time.time(), heard.record.grace_until)
+            except redis.RedisError:
+                pass  # Redis stopped: no sweep runs, and its return begins a grace period seen then
+            await asyncio.sleep(0.5)
 
     async def sample_metrics(self) -> None:
         url = f"http://127.0.0.1:{self.web_port}/metrics"
@@ -433,6 +455,7 @@ class Soak:
         self.background += [
             asyncio.create_task(self.sample_metrics()),
             asyncio.create_task(self.sample_memory_every(60)),
+            asyncio.create_task(self.watch_graces()),
         ]
         if "inventory" in self.faults:
             self.background.append(asyncio.create_task(self.change_inventories()))
@@ -463,14 +486,16 @@ class Soak:
         sim_ids = {n.node_id for n in self.fleet.nodes}
         expected_liveness = {node_id: {"alive"} for node_id in sim_ids}
         required = {}  # node → states it must have passed through on the way (one of them)
+        excused = []  # nodes that a grace period let off a state they would have had to reach
         for node_id, since in self.silenced.items():
             back = self.returned.get(node_id)
+            deepest = self.deepest_state(since, back or self.stopped_at, self.graces)
             if back is None:
-                expected_liveness[node_id] = self.deepest_state(self.stopped_at - since)
-                required[node_id] = expected_liveness[node_id] - {"alive"}
-            else:
-                required[node_id] = self.deepest_state(back - since) - {"alive"}
-        required = {node_id: states for node_id, states in required.items() if states}
+                expected_liveness[node_id] = deepest
+            if "alive" not in deepest:
+                required[node_id] = deepest
+            if deepest != self.deepest_state(since, back or self.stopped_at, Graces(a.unreachable_after)):
+                excused.append(node_id)
         for i in range(a.agents):
             expected_liveness[f"soak-agent-{i}"] = {"alive"}
         expected_admin = {node_id: {"active"} for node_id in expected_liveness}
@@ -479,7 +504,7 @@ class Soak:
         results = {
             "inventory": checks.inventory_check(self.fleet.nodes),
             "states": checks.state_check(expected_liveness, expected_admin),
-            "transitions": checks.transitions_check(required, never_silent, self.t0),
+            "transitions": checks.transitions_check(required, never_silent, self.t0, excused),
             "allocations": allocation_check(getattr(self, "replicas_on_lost", set())),
             "metrics": self.audit.summary(),
             "heartbeats": checks.heartbeat_summary(
@@ -507,6 +532,7 @@ class Soak:
             "warm_up": warmup_summary(self.started_at, self.t0),
             "timeline": self.timeline,
             "outage_windows_s": [[round(s - self.t0, 1), round(e - self.t0, 1)] for s, e in self.outages],
+            "grace_periods": self.graces.summary(self.t0),
             "checks": results,
             "memory_samples": self.memory,
             "ok": all(check.get("ok", True) for check in results.values()),

@@ -91,3 +91,11 @@ def test_every_process_was_measured_at_start_and_end(report):
     processes = report["checks"]["memory"]["processes"]
     for name in ("redis", "web", "celery", "agent-0", "postgres"):
         assert processes[name]["start_mib"] and processes[name]["end_mib"], name
+
+
+def test_grace_periods_excused_few_silences(report):
+    # The control plane's grace periods may let a node off a state (a loaded machine
+    # begins them), but a run they excused wholesale would have tested nothing.
+    transitions = report["checks"]["transitions"]
+    assert transitions["excused_by_grace_periods"] <= 5, (transitions, report["grace_periods"])
+    assert transitions["silenced_nodes"] >= 15, transitions

@@ -63,7 +63,8 @@ def markdown(result: dict) -> str:
             "transitions",
             c["transitions"],
             f"{c['transitions']['silenced_nodes']} silenced, missed "
-            f"{c['transitions']['missed_transitions']}; marked unreachable without going silent: "
+            f"{c['transitions']['missed_transitions']}; excused by the control plane's grace periods "
+            f"{c['transitions']['excused_by_grace_periods']}; marked unreachable without going silent: "
             f"{c['transitions']['marked_unreachable_without_going_silent']}",
         ),
         _row("allocations", c["allocations"], allocation_text(c["allocations"])),
@@ -96,6 +97,13 @@ def markdown(result: dict) -> str:
         "",
     ]
     lines += [f"- {e['t']:.0f} s: {e['event']}" for e in result["timeline"]]
+    graces = result.get("grace_periods", {"periods_s": [], "seconds": 0})
+    periods = ", ".join(f"{b:.0f}–{u:.0f} s" for b, u in graces["periods_s"]) or "none"
+    lines += [
+        "",
+        f"Grace periods the control plane gave the fleet (no node marked; after its own outages, or while "
+        f"heartbeats queued): {periods}; {graces['seconds']:g} s in all.",
+    ]
     lines += ["", "## Memory (RSS, MiB)", "", "| process | start | end |", "| --- | --- | --- |"]
     for name, row in c["memory"].get("processes", {}).items():
         lines.append(f"| {name} | {row['start_mib']} | {row['end_mib']} |")
