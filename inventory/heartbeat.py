@@ -135,14 +135,14 @@ def admit(sender: Sender, received_at: float) -> None:
 
 
 def receive(
-    sender: Sender, beat: protocol.Heartbeat, received_at: float, started: float, waited: float = 0.0
+    sender: Sender, beat: protocol.Heartbeat, received_at: float, started: float, waited: float | None = None
 ) -> protocol.HeartbeatReply:
     """Apply a valid heartbeat of the sender's node and return what the node must do (raises `Refused`).
 
     `received_at` is the arrival time on the control plane's clock (the agent's
     `sent_at` is never used for ages); `started` is the perf_counter reading when
     handling began, for the handling-time histogram; `waited` is how long the
-    request had waited in the proxy for a web worker, 0 if unknown.
+    request had waited in the proxy for a web worker, None if unknown (no proxy in front).
     """
     admitted = _admit(sender, received_at, beat)
     card = admitted.card
@@ -155,14 +155,14 @@ def receive(
     if evidence and beat.load is not None:
         gpuhealth.observe(card.node_id, beat.load.gpus, datetime.fromtimestamp(received_at, UTC))
     orders = _orders(admitted, beat, evidence)
-    counts = selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started)
+    counts = selfmetrics.heartbeat_fields("accepted", time.perf_counter() - started, waited)
     if admitted.applied:
         _tally.add(counts)
         noted = True
     else:
         noted = _record(admitted, card, beat, received_at, counts, orders.to_cache)
     if noted:
-        _pulse.accepted(received_at, waited)
+        _pulse.accepted(received_at, waited or 0.0)
     return heartbeat_reply(_as_revived(card), beat, orders)
 
 

@@ -27,13 +27,24 @@ log = logging.getLogger(__name__)
 HEARTBEAT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
-def bucket_field(bound: float) -> str:
-    """The field counting handling times in (previous bound, bound]; /metrics makes them cumulative."""
-    return "heartbeat_seconds:le:+Inf" if math.isinf(bound) else f"heartbeat_seconds:le:{bound}"
+# Upper bounds (seconds) of the histogram of accepted heartbeats' waits in the proxy for a web worker:
+# around LLMGW_BEHIND_AFTER (1 s) and up to the agents' own timeout.
+PROXY_WAIT_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# Field prefixes of each proxy clock's offset from a web host's, and when it was learnt (nodes.api.proxyclock).
+PROXY_CLOCK_OFFSET = "proxy_clock:offset:"
+PROXY_CLOCK_AT = "proxy_clock:at:"
 
 
-def heartbeat_fields(outcome: str, seconds: float) -> dict[str, float]:
-    """The increments one handled heartbeat makes: outcome is "accepted" or a rejection reason."""
+def bucket_field(bound: float, histogram: str = "heartbeat_seconds") -> str:
+    """The field counting a histogram's values in (previous bound, bound]; /metrics makes them cumulative."""
+    return f"{histogram}:le:+Inf" if math.isinf(bound) else f"{histogram}:le:{bound}"
+
+
+def heartbeat_fields(outcome: str, seconds: float, waited: float | None = None) -> dict[str, float]:
+    """The increments one handled heartbeat makes: outcome is "accepted" or a rejection reason.
+
+    `waited`: its wait in the proxy, when known (a proxy in front), counted in a histogram of its own.
+    """
     fields: dict[str, float] = {
         f"heartbeats:{outcome}": 1,
         "heartbeat_seconds:count": 1,
@@ -41,7 +52,34 @@ def heartbeat_fields(outcome: str, seconds: float) -> dict[str, float]:
     }
     bound = next((bound for bound in HEARTBEAT_BUCKETS if seconds <= bound), math.inf)
     fields[bucket_field(bound)] = 1
+    if waited is not None:
+        fields["proxy_wait_seconds:sum"] = waited
+        bound = next((bound for bound in PROXY_WAIT_BUCKETS if waited <= bound), math.inf)
+        fields[bucket_field(bound, "proxy_wait_seconds")] = 1
     return fields
+
+
+def record_proxy_clock(proxy: str, host: str, offset: float, at: float) -> None:
+    """Keep a proxy clock's offset from a web host's (names checked by the caller); Redis down loses it."""
+    pair = f"{proxy}/{host}"
+    try:
+        livestate.client().hset(
+            keys.SELF_METRICS, mapping={PROXY_CLOCK_OFFSET + pair: repr(offset), PROXY_CLOCK_AT + pair: repr(at)}
+        )
+    except redis.RedisError as exc:
+        log.warning("proxy clock offset not recorded: %s", exc)
+
+
+def proxy_clocks(counters: dict[str, float], since: float) -> dict[tuple[str, str], float]:
+    """(proxy, web host) → offset, of the offsets learnt since `since` (Unix seconds)."""
+    offsets = {}
+    for field, value in counters.items():
+        if field.startswith(PROXY_CLOCK_OFFSET):
+            pair = field.removeprefix(PROXY_CLOCK_OFFSET)
+            if counters.get(PROXY_CLOCK_AT + pair, 0.0) >= since:
+                proxy, _, host = pair.partition("/")
+                offsets[(proxy, host)] = value
+    return offsets
 
 
 def sweep_fields(

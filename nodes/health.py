@@ -1,5 +1,7 @@
 """Health endpoints: /healthz says the process is up, /readyz that it can serve."""
 
+import time
+
 from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.http import require_safe
@@ -7,10 +9,13 @@ from django.views.decorators.http import require_safe
 # require_safe: load balancers probe with HEAD as well as GET. The WSGI server
 # (granian, runserver) sends a HEAD answer's status and headers without its body.
 import livestate
+from nodes.api import proxyclock
 
 
 @require_safe
 def healthz(request):
+    # The proxy's health checks are how each web worker learns the proxy's clock (nodes/api/proxyclock.py).
+    proxyclock.health_checked(request.META, time.time())
     return JsonResponse({"status": "ok"})
 
 

@@ -204,6 +204,26 @@ def test_the_control_planes_own_counters(client, db, redis_client):
     assert of(found, "llmgw_stale_sweeps_graced_total") == 1
 
 
+def test_heartbeats_waits_in_the_proxy_and_the_proxies_clocks(client, db, redis_client):
+    selfmetrics.record(selfmetrics.heartbeat_fields("accepted", 0.003, waited=0.0004))
+    selfmetrics.record(selfmetrics.heartbeat_fields("accepted", 0.003, waited=1.7))
+    selfmetrics.record(selfmetrics.heartbeat_fields("accepted", 0.003))  # no proxy in front: no wait known
+    now = time.time()
+    selfmetrics.record_proxy_clock("lb-1", "web-a", 0.002, now)
+    selfmetrics.record_proxy_clock("lb-2", "web-a", -3.25, now)
+    selfmetrics.record_proxy_clock("lb-gone", "web-a", 9.0, now - 3600)
+    found = scrape(client)
+    assert of(found, "llmgw_heartbeat_proxy_wait_seconds_count") == 2
+    assert of(found, "llmgw_heartbeat_proxy_wait_seconds_sum") == pytest.approx(1.7004)
+    assert of(found, "llmgw_heartbeat_proxy_wait_seconds_bucket", le="0.001") == 1
+    assert of(found, "llmgw_heartbeat_proxy_wait_seconds_bucket", le="1.0") == 1
+    assert of(found, "llmgw_heartbeat_proxy_wait_seconds_bucket", le="2.5") == 2
+    assert named(found, "llmgw_proxy_clock_offset_seconds") == {
+        frozenset({("proxy", "lb-1"), ("web_host", "web-a")}): 0.002,
+        frozenset({("proxy", "lb-2"), ("web_host", "web-a")}): -3.25,
+    }, "an offset no worker has learnt for five minutes is gone"
+
+
 def test_a_tally_sends_its_first_count_at_once_then_the_rest_together_once_per_period(client, db, redis_client):
     tally = selfmetrics.Tally(every=3600)
     tally.add(selfmetrics.heartbeat_fields("accepted", 0.002))

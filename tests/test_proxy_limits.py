@@ -16,9 +16,11 @@ import redis
 import requests
 
 from agent import protocol
+from devstack.polling import wait_until
 from devstack.ports import free_port
 from devstack.stack import Stack, given_join_token
-from livestate import keys
+from livestate import keys, selfmetrics
+from nodes.api import proxyclock
 from tests.agentapi import register_over_http
 from tests.factories import make_inventory
 
@@ -190,3 +192,13 @@ def test_a_body_sent_slowly_is_not_counted_as_a_wait_in_the_proxy(stack):
     assert status_of(answer) == 200, answer
     _, _, waited = store.get(keys.BEHIND_AT).partition(b" ")
     assert 0 < float(waited) < 1.0, "the 1.5 s the body took is the sender's, not the proxy's queue"
+
+
+def test_the_proxys_health_checks_teach_the_web_worker_its_clock(stack):
+    """deploy/haproxy.cfg stamps its checks and names itself; the worker keeps the offset for /metrics."""
+    store = redis.Redis.from_url(stack.env["REDIS_URL"])
+    proxy = socket.gethostname()  # HAProxy's %[hostname], on this same host as the web worker
+    field = f"{selfmetrics.PROXY_CLOCK_OFFSET}{proxy}/{proxyclock._HOST}"
+    wait_until(lambda: store.hget(keys.SELF_METRICS, field) is not None, 30, "a health check with the proxy's stamp")
+    # One host, one clock: what is left is the hop and the check's own wait.
+    assert 0 <= float(store.hget(keys.SELF_METRICS, field)) < 0.25

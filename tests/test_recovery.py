@@ -26,6 +26,7 @@ from inventory import liveness, sweep
 from inventory.models import Liveness, Node, NodeEvent
 from inventory.tasks import mark_stale as mark_stale_task
 from livestate import cards, keys, locks, selfmetrics
+from nodes.api import proxyclock
 from tests.agentapi import JOIN_TOKEN, heartbeat, post, register, reply_of
 
 pytestmark = [pytest.mark.django_db]
@@ -48,6 +49,7 @@ def _settings(settings, redis_client):
     heartbeat_action._pulse.reset()
     sweep.warn_grace.reset()
     sweep.warn_skipped.reset()
+    proxyclock.forget()
 
 
 @pytest.fixture
@@ -73,16 +75,32 @@ class Fleet:
         phase = round(seconds / PERIOD) % round(INTERVAL / PERIOD)
         return [name for i, name in enumerate(sorted(self.tokens)) if i % 2 == phase and name not in self.silent]
 
-    def step(self, seconds: float, *, web: bool = True, sweeps: bool = True, waited: float | None = None) -> None:
+    def step(
+        self,
+        seconds: float,
+        *,
+        web: bool = True,
+        sweeps: bool = True,
+        waited: float | None = None,
+        proxy_behind: float | None = None,
+    ) -> None:
         """One beat period: the nodes due beat (if the web tier is up), then beat runs the sweep (if it runs).
 
         With `waited`, each heartbeat comes as through the proxy, having waited that long there for a worker.
+        With `proxy_behind`, the proxy's clock is that many seconds behind the web tier's (negative: ahead),
+        and the proxy's health check reaches the web tier first, without waiting.
         """
         self.clock.move_to(at(seconds))
         if web:
             headers = {}
+            skew = proxy_behind or 0.0
+            if proxy_behind is not None:
+                stamp = f"t={round((at(seconds).timestamp() - skew) * 1e6)}"
+                checked = self.client.get("/healthz", headers={"X-Request-Start": stamp, "X-LLMGW-Proxy": "lb-1"})
+                assert checked.status_code == 200
+                headers["X-LLMGW-Proxy"] = "lb-1"
             if waited is not None:
-                headers["X-Request-Start"] = f"t={round((at(seconds).timestamp() - waited) * 1e6)}"
+                headers["X-Request-Start"] = f"t={round((at(seconds).timestamp() - waited - skew) * 1e6)}"
             for name in self.names_beating_at(seconds):
                 answer = post(self.client, "/api/v1/heartbeat", protocol.Heartbeat(), self.tokens[name], **headers)
                 reply = reply_of(answer)
@@ -280,6 +298,36 @@ def test_while_heartbeats_queue_in_the_proxy_no_node_is_marked_and_a_dead_one_is
     fleet.run(60, 62, waited=0.01)
     assert fleet.marked_unreachable() == {dead: [60.0]}, "a really silent node is still marked, after the grace"
     assert NodeEvent.objects.filter(kind=NodeEvent.Kind.LIVENESS).count() == 1, "no node flapped"
+
+
+def test_a_proxy_whose_clock_is_behind_does_not_hold_the_sweep_back_once_its_health_checks_show_it(
+    client, clock, settings
+):
+    # Without its checks, every heartbeat through this proxy would look 3 s queued, and the sweep
+    # would hold back for as long as the clock was wrong: the dead node never marked.
+    settings.LLMGW_PROXY_HOPS = 1
+    settings.LLMGW_BEHIND_AFTER = 1.0
+    fleet = Fleet(client, clock, 20)
+    dead = "n007"
+    fleet.run(0, 12, waited=0.01, proxy_behind=3.0)
+    fleet.silent.add(dead)  # its last heartbeat was at 10 s
+    fleet.run(14, 26, waited=0.01, proxy_behind=3.0)
+    assert fleet.marked_unreachable() == {dead: [24.0]}, "marked once silent for LLMGW_UNREACHABLE_AFTER, as ever"
+    assert not any("behind" in str(summary["grace"]) for _, summary in fleet.summaries)
+    offsets = selfmetrics.proxy_clocks(selfmetrics.read(livestate.client().hgetall(keys.SELF_METRICS)), 0)
+    assert offsets == {("lb-1", proxyclock._HOST): pytest.approx(3.0)}
+
+
+def test_a_proxy_whose_clock_is_ahead_does_not_hide_a_backlog_once_its_health_checks_show_it(client, clock, settings):
+    settings.LLMGW_PROXY_HOPS = 1
+    settings.LLMGW_BEHIND_AFTER = 1.0
+    fleet = Fleet(client, clock, 20)
+    fleet.run(0, 12, waited=0.01, proxy_behind=-3.0)
+    fleet.silent.add("n007")
+    # Heartbeats wait 3 s for a worker, but stamped by a clock 3 s ahead they read as not waiting at all.
+    fleet.run(14, 26, waited=3.0, proxy_behind=-3.0)
+    assert fleet.marked_unreachable() == {}, "silence while heartbeats queue is the control plane's"
+    assert any("behind on its heartbeats: one waited 3.0 s" in str(summary["grace"]) for _, summary in fleet.summaries)
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from agent import protocol
 from inventory import heartbeat as inventory_heartbeat
-from nodes.api import cards
+from nodes.api import cards, proxyclock
 from nodes.api.outage import database_unavailable, is_outage
 from nodes.api.registration import join_token_name, register_node
 from nodes.api.rejections import Answer, Rejected, bearer_token, decode, json_answer, json_response, read_json_body
@@ -79,7 +79,8 @@ def answer_heartbeat(meta: Mapping[str, Any], read: Callable[[int], bytes]) -> A
             # Only the node itself may learn what is wrong with its heartbeat.
             inventory_heartbeat.admit(sender, received_at)
             raise
-        reply = inventory_heartbeat.receive(sender, beat, received_at, started, waited_in_proxy(meta, received_at))
+        waited = proxyclock.waited_in_proxy(meta, received_at)
+        reply = inventory_heartbeat.receive(sender, beat, received_at, started, waited)
     except inventory_heartbeat.Refused as refused:
         refusal_answer = refusal(refused, address, received_at)
         inventory_heartbeat.count_refused(refusal_answer.outcome, started)
@@ -102,26 +103,6 @@ def heartbeat_sender(token: str, address: str, received_at: float) -> inventory_
     if len(node_id) > protocol.MAX_ID or not _NODE_ID.fullmatch(node_id):
         raise refused_credential(address, "not a node token", received_at)
     return inventory_heartbeat.Sender(node_id, secret, token, address, cards.proven, cards.keep_all)
-
-
-def waited_in_proxy(meta: Mapping[str, Any], received_at: float) -> float:
-    """Seconds the request waited in our proxy before a web worker took it; 0 if not known.
-
-    deploy/haproxy.cfg sets `X-Request-Start: t=<Unix µs>` once it has the whole
-    request, over whatever a client sent, so the difference is the proxy's
-    queue (and the hop). Believed only with a proxy in front (LLMGW_PROXY_HOPS):
-    without one a client could write it, and a node could make the sweep think
-    the control plane behind (inventory/sweep.py). The proxy's clock and this
-    host's must agree (NTP) to well under LLMGW_BEHIND_AFTER.
-    """
-    value = meta.get("HTTP_X_REQUEST_START")
-    if not value or not settings.LLMGW_PROXY_HOPS:
-        return 0.0
-    try:
-        proxied_at = int(value.removeprefix("t=")) / 1e6
-    except ValueError:
-        return 0.0
-    return max(received_at - proxied_at, 0.0)
 
 
 def refusal(refused: inventory_heartbeat.Refused, address: str, received_at: float) -> Rejected:

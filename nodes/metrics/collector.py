@@ -32,6 +32,10 @@ from nodes.metrics.rowcache import RowCache
 
 log = logging.getLogger(__name__)
 
+# A proxy clock's offset is exported while a web worker learnt it this recently (seconds): a web
+# worker republishes it every window (nodes/api/proxyclock.py), so one that stopped is gone within this.
+PROXY_CLOCK_FRESH = 300.0
+
 
 class FleetCollector:
     """A prometheus_client collector; `describe()` runs no query, so registering it is free."""
@@ -259,6 +263,17 @@ class _Allocation:
         self.memory_claim = line(families.SHARD_MEMORY_CLAIM.name, labels, row.memory_gb * 2**30).encode()
 
 
+def _histogram(family: Family, counters: dict[str, float], name: str, bounds: tuple[float, ...]) -> Metric:
+    """A histogram kept in the self-metrics hash as a field per bucket (selfmetrics.bucket_field) and a sum."""
+    buckets, cumulative = [], 0.0
+    for bound in (*bounds, float("inf")):
+        cumulative += counters.get(selfmetrics.bucket_field(bound, name), 0)
+        buckets.append((floatToGoString(bound), cumulative))
+    return HistogramMetricFamily(
+        family.name, family.documentation, buckets=buckets, sum_value=counters.get(f"{name}:sum", 0.0)
+    )
+
+
 def self_families(counters: dict[str, float]) -> Iterator[Metric]:
     """The control plane's own counters, as prometheus_client families (a few dozen samples)."""
     yield CounterMetricFamily(
@@ -274,16 +289,14 @@ def self_families(counters: dict[str, float]) -> Iterator[Metric]:
         if reason not in (field, "accepted"):
             rejected.add_metric([reason], value)
     yield rejected
-    buckets, cumulative = [], 0.0
-    for bound in (*selfmetrics.HEARTBEAT_BUCKETS, float("inf")):
-        cumulative += counters.get(selfmetrics.bucket_field(bound), 0)
-        buckets.append((floatToGoString(bound), cumulative))
-    yield HistogramMetricFamily(
-        families.HEARTBEAT_SECONDS.name,
-        families.HEARTBEAT_SECONDS.documentation,
-        buckets=buckets,
-        sum_value=counters.get("heartbeat_seconds:sum", 0.0),
+    yield _histogram(families.HEARTBEAT_SECONDS, counters, "heartbeat_seconds", selfmetrics.HEARTBEAT_BUCKETS)
+    yield _histogram(families.PROXY_WAIT_SECONDS, counters, "proxy_wait_seconds", selfmetrics.PROXY_WAIT_BUCKETS)
+    clocks = GaugeMetricFamily(
+        families.PROXY_CLOCK_OFFSET.name, families.PROXY_CLOCK_OFFSET.documentation, labels=["proxy", "web_host"]
     )
+    for (proxy, host), offset in sorted(selfmetrics.proxy_clocks(counters, time.time() - PROXY_CLOCK_FRESH).items()):
+        clocks.add_metric([proxy, host], offset)
+    yield clocks
     yield CounterMetricFamily(
         families.STALE_SWEEPS.name, families.STALE_SWEEPS.documentation, value=counters.get("sweeps", 0)
     )

@@ -75,11 +75,22 @@ STALE_GRACED = Family(
     "Runs of the stale-marking task that marked no node because the control plane was out or behind on its heartbeats.",
     "counter",
 )
+PROXY_WAIT_SECONDS = Family(
+    "llmgw_heartbeat_proxy_wait_seconds",
+    "Time an accepted heartbeat waited in the proxy for a web worker, its clock's offset taken off.",
+    "histogram",
+)
+PROXY_CLOCK_OFFSET = Family(
+    "llmgw_proxy_clock_offset_seconds",
+    "A web host's clock minus a proxy's, as the proxy's health checks show it (positive: the proxy is behind).",
+)
 
 SELF = (
     HEARTBEATS_ACCEPTED,
     HEARTBEATS_REJECTED,
     HEARTBEAT_SECONDS,
+    PROXY_WAIT_SECONDS,
+    PROXY_CLOCK_OFFSET,
     STALE_SWEEPS,
     NODES_MARKED,
     STALE_FAILURES,
