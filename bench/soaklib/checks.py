@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bench.soaklib.fleet import Request, SimNode
@@ -259,7 +260,7 @@ def state_check(expected_liveness: dict[str, set[str]], expected_admin: dict[str
 
 
 def transitions_check(
-    required: dict[str, set[str]], never_silent: list[str], since: float, excused: list[str] = ()
+    required: dict[str, set[str]], never_silent: list[str], since: float, excused: Sequence[str] = ()
 ) -> dict:
     """Nodes silenced past a threshold were marked so on the way; the others only in outages, if at all.
 
