@@ -48,7 +48,7 @@ SHARD_LISTS_KEPT = "llmgw:nodeshards-kept"
 SEQUENCE_PREFIX = "llmgw:nodeseq:"
 # Fixed-minute counters of the agent API limits, `<prefix><name>:<minute>` (livestate.limits); expire.
 LIMIT_PREFIX = "llmgw:limit:"
-# Hash: the control plane's own counters, shared by every process (livestate.selfmetrics).
+# Hash: the control plane's own counters and the proxy clocks' offsets, shared by every process (livestate.selfmetrics).
 SELF_METRICS = "llmgw:selfmetrics"
 # Lock held by the reconcile pass running now (livestate.locks); expires if its worker dies.
 RECONCILE_LOCK = "llmgw:reconcile"

@@ -4,7 +4,9 @@ Kept in one Redis hash rather than in each process's memory: the web server runs
 several workers and Celery another, and a scrape reaches only one of them.
 Writers add their increments to a pipeline they already send (the heartbeat
 path costs no extra round trip); /metrics reads the hash in the same round
-trip as the loads.
+trip as the loads. Besides the counters, the hash keeps one gauge, each proxy
+clock's offset from a web host's with when it was learnt (two fields a pair,
+set, not added to; `record_proxy_clock`).
 """
 
 from __future__ import annotations
