@@ -6,10 +6,11 @@ Models the stack on one machine (devstack/stack.py starts each part in a session
 its own): one serving process per core, each due every 2 ms to do 1.3 ms of CPU (the
 web tier's steady share of the 2-core machine), and, a second after they start, one
 batch process per core burning CPU for `--burst` seconds (a /metrics render, a
-Prometheus scrape). The batch runs at equal priority, under `nice -n 10`, and under
+Prometheus scrape). The batch runs at equal priority, under `nice -n 10`, under
 `nice -n 10` with its session's weight set as the stack sets it
-(devstack.priority.yield_cores). Prints, per way and round, how late the serving
-work started against its due time (p50, p99, max over both serving processes).
+(devstack.priority.yield_cores), and that under the SCHED_IDLE policy too. Prints,
+per way and round, how late the serving work started against its due time (p50, p99,
+max over both serving processes).
 docs/operations.md, "Heartbeats at 10,000 nodes", quotes it.
 """
 
@@ -53,10 +54,19 @@ def burn(seconds: float) -> None:
         pass
 
 
-def child(*args: str, nice: bool = False) -> subprocess.Popen:
-    command = [sys.executable, "-m", "bench.fleetlib.sessions", *args]
-    if nice:
-        command = ["nice", "-n", str(BACKGROUND_NICE), *command]
+# How each way starts the batch; "session" is the stack's (devstack/stack.py). "idle" adds the SCHED_IDLE
+# policy, which any other task's wake-up preempts at once: tried for the stack on 7 December, not kept
+# (docs/operations.md, "The background under SCHED_IDLE").
+PREFIXES = {
+    "equal": [],
+    "nice": ["nice", "-n", str(BACKGROUND_NICE)],
+    "session": ["nice", "-n", str(BACKGROUND_NICE)],
+    "idle": ["chrt", "--idle", "0", "nice", "-n", str(BACKGROUND_NICE)],
+}
+
+
+def child(*args: str, prefix: list[str] | None = None) -> subprocess.Popen:
+    command = [*(prefix or []), sys.executable, "-m", "bench.fleetlib.sessions", *args]
     return subprocess.Popen(command, stdout=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -64,8 +74,8 @@ def one_round(way: str, seconds: float, burst: float) -> dict[str, float]:
     cores = os.cpu_count() or 1
     servers = [child("--serve", str(seconds)) for _ in range(cores)]
     time.sleep(1)
-    batch = [child("--burn", str(burst), nice=way != "equal") for _ in range(cores)]
-    if way == "session":
+    batch = [child("--burn", str(burst), prefix=PREFIXES[way]) for _ in range(cores)]
+    if way in ("session", "idle"):
         for process in batch:
             yield_cores(process.pid, BACKGROUND_NICE)
     for process in batch:
@@ -97,6 +107,7 @@ def main() -> None:
         "equal": "at equal priority",
         "nice": f"nice -n {BACKGROUND_NICE}",
         "session": f"nice -n {BACKGROUND_NICE}, session's too",
+        "idle": "the same, and SCHED_IDLE",
     }
     for round_ in range(1, args.rounds + 1):
         for way, label in ways.items():
