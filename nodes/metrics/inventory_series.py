@@ -123,6 +123,7 @@ _PARTS: dict[str, tuple[type[models.Model], ...]] = {
     "allocations": (Allocation, GPUClaim, Replica, Deployment),
     "installs": (EngineInstall,),
 }
+_MARKED_TABLES = sorted({model._meta.db_table for models_read in _PARTS.values() for model in models_read})
 
 
 class _Kept:
@@ -135,9 +136,8 @@ class _Kept:
         self.parts: dict[str, tuple[tuple[str, ...], list]] = {}
 
     def read(self) -> Inventory:
-        tables = sorted({model._meta.db_table for models_ in _PARTS.values() for model in models_})
         # First: a change committed after the marks is in the rows read below, and read again next time.
-        marks = tablemarks.read(tables, using=GPU.objects.db)
+        marks = tablemarks.read(_MARKED_TABLES, using=GPU.objects.db)
         node_rows = raw_rows(Node.objects.order_by().values_list(*NodeFacts._fields, "last_heartbeat"))
         return Inventory(
             nodes=[NodeRow(NodeFacts._make(row[:-1]), heartbeat_seconds(row[-1])) for row in node_rows],
