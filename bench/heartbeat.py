@@ -53,7 +53,7 @@ import requests
 from agent import protocol
 from bench.fleetlib import bodies
 from bench.fleetlib.cpu import Meter, postgres_backends, tree
-from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, PhaseStats, request_tail
+from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, PhaseStats, fleet_tails
 from devstack import proxy
 from devstack.polling import wait_until
 from devstack.ports import free_port
@@ -337,11 +337,8 @@ def main() -> int:
         started = time.monotonic()
         nodes = register_fleet(base, args.nodes)
         print(f"registered {len(nodes)} nodes in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        # Agents keep their connection between beats; HAProxy can hold one per node only where the
-        # machine's descriptor limit lets it (devstack/proxy.py), else every beat connects afresh.
-        keep_alive = args.nodes + 100 <= proxy.max_connections()
-        results["keep_alive"] = keep_alive
-        tails = [request_tail("127.0.0.1", stack.web_port, token, body, keep_alive) for token, body in nodes]
+        tails = fleet_tails("127.0.0.1", stack.web_port, nodes, proxy.max_connections())
+        results["connections_kept"] = sum(b"Connection: close" not in tail for tail in tails)
         body_bytes = statistics.mean(len(body) for _, body in nodes)
         # The fleet beats from here on. The sweeper (Celery) starts once every
         # node has beaten, or the first registered would be marked unreachable
@@ -460,7 +457,7 @@ def report(results: dict, args: argparse.Namespace, body_bytes: float) -> None:
     ]
     print(
         f"\n{args.nodes} nodes every {args.interval:g} s, {args.workers} web workers, "
-        f"{'connections kept between beats' if results['keep_alive'] else 'a new connection per beat'}, "
+        f"{results['connections_kept']} nodes keeping their connection between beats (the rest connect each beat), "
         f"{args.generators} generator processes, steady {args.seconds} s, empty view {args.empty_seconds} s; "
         f"load average {results['load_average'][0]:.1f} before, {results['load_average'][1]:.1f} after\n"
     )

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from bench.fleetlib import pacer
-from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, request_tail
+from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, fleet_tails, request_tail
 
 NODES = 20
 INTERVAL = 0.2
@@ -128,6 +128,14 @@ def test_each_node_keeps_its_connection_between_beats_as_the_agent_does(keeping_
     # One connection per node, whatever the number of beats (a few more if a beat fell due while
     # the node's previous one was still being answered).
     assert NODES <= _KeepsAlive.connections <= NODES + 5, _KeepsAlive.connections
+
+
+def test_a_proxy_short_of_descriptors_keeps_as_many_connections_as_leave_it_room():
+    nodes = [(f"node-{i}.secret", b"{}") for i in range(NODES)]
+    tails = fleet_tails("127.0.0.1", 8000, nodes, proxy_connections=pacer.ROOM + 12)
+    closing = [index for index, tail in enumerate(tails) if b"\r\nConnection: close\r\n" in tail]
+    assert closing == list(range(12, NODES)), "the first nodes keep theirs, the rest connect each beat"
+    assert all(tail.endswith(b"\r\n\r\n{}") for tail in tails)
 
 
 def test_a_silent_phase_sends_nothing_and_the_fleet_resumes_at_its_pace(answering):

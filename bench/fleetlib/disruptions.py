@@ -47,7 +47,7 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, PhaseStats, request_tail
+from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, PhaseStats, fleet_tails
 from bench.soaklib.postgres import PrivatePostgres
 from devstack import proxy
 from devstack.polling import wait_until
@@ -396,8 +396,7 @@ class Recovery:
         nodes = register_fleet(f"http://127.0.0.1:{self.stack.web_port}", a.nodes)
         registration_s = time.monotonic() - started
         print(f"registered {len(nodes)} nodes in {registration_s:.0f} s", file=sys.stderr)
-        keep_alive = a.nodes + 100 <= proxy.max_connections()
-        tails = [request_tail("127.0.0.1", self.stack.web_port, token, body, keep_alive) for token, body in nodes]
+        tails = fleet_tails("127.0.0.1", self.stack.web_port, nodes, proxy.max_connections())
         self.fleet = PacedFleet("127.0.0.1", self.stack.web_port, tails, a.interval, workers=a.generators)
         if "registered" in a.cases:
             self.registered(nodes)

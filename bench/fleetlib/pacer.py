@@ -43,6 +43,8 @@ HEARTBEAT = "/api/v1/heartbeat"
 LATE_AFTER = 0.5  # seconds behind the due time
 MAX_IN_FLIGHT = 2000  # per worker
 TIMEOUT = 10.0  # the agent's own read timeout is longer; past this the beat counts as lost
+# Connections a proxy keeps free beside the fleet's kept ones: its servers' and the beats that connect afresh.
+ROOM = 100
 
 
 @dataclass
@@ -344,6 +346,18 @@ def _worker(
 
     # uvloop: each beat costs the generator less CPU, which here is the control plane's CPU too.
     uvloop.run(main())
+
+
+def fleet_tails(host: str, port: int, nodes: list[tuple[str, bytes]], proxy_connections: int) -> list[bytes]:
+    """Each node's request tail, given its token and body.
+
+    Agents keep their connection between beats. A proxy that can hold only
+    `proxy_connections` (a sandbox's descriptor limit, devstack/proxy.py) gets
+    as many kept as leave it ROOM: the first nodes keep theirs, the rest
+    connect afresh each beat, rather than every node connecting afresh.
+    """
+    kept = proxy_connections - ROOM
+    return [request_tail(host, port, token, body, index < kept) for index, (token, body) in enumerate(nodes)]
 
 
 def request_tail(host: str, port: int, token: str, body: bytes, keep_alive: bool = True) -> bytes:

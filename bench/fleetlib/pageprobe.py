@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, request_tail
+from bench.fleetlib.pacer import HEARTBEAT, PacedFleet, Phase, fleet_tails
 from devstack import proxy
 from devstack.ports import free_port
 from devstack.stack import Stack, default_workers
@@ -113,8 +113,7 @@ def measure(args) -> dict:
         started = time.monotonic()
         nodes = register_fleet(f"http://127.0.0.1:{stack.web_port}", args.nodes)
         print(f"registered {len(nodes)} nodes in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        keep_alive = args.nodes + 100 <= proxy.max_connections()
-        tails = [request_tail("127.0.0.1", stack.web_port, token, body, keep_alive) for token, body in nodes]
+        tails = fleet_tails("127.0.0.1", stack.web_port, nodes, proxy.max_connections())
         fleet = PacedFleet("127.0.0.1", stack.web_port, tails, args.interval, workers=args.generators)
         # Every node beats once before the sweeper starts, as bench/heartbeat.py does.
         fleet.start(Phase("first beats", HEARTBEAT, args.interval, args.interval))
