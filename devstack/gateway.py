@@ -11,7 +11,7 @@ import secrets
 from pathlib import Path
 
 from devstack.ports import port_open
-from devstack.proxy import haproxy_binary
+from devstack.proxy import HAPROXY_ENV, haproxy_binary
 from lib.private_files import write_private
 
 # Clients' port for the OpenAI API, apart from the operators' pages and the agent API.
@@ -20,10 +20,6 @@ DEFAULT_PORT = 8090
 DEFAULT_METRICS = "127.0.0.1:9491"
 # HAProxy's Prometheus exporter, on loopback: the gateway's own series (docs/gateway.md, "Observing the gateway").
 METRICS_PORT = 8091
-# glibc's allocator, fixed for HAProxy's large buffers: left to adapt, it maps and unmaps (or trims)
-# each 272 KiB buffer per request, which cost ~250 µs of CPU a request (360 against 107 µs measured;
-# docs/gateway.md, "What it costs"). Production sets the same in the unit's Environment=.
-HAPROXY_ENV = {"MALLOC_MMAP_THRESHOLD_": "8388608", "MALLOC_TRIM_THRESHOLD_": "67108864"}
 ENGINES_JOB = "  - job_name: llmgw-engines\n"
 
 

@@ -16,6 +16,12 @@ ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "haproxy.cfg"
 # What deploy/haproxy.cfg asks of a production host: one connection per node of a 10,000-node fleet, twice over.
 PRODUCTION_MAXCONN = 20_000
+# glibc's allocator, fixed for HAProxy's large buffers (the web tier's 560 KiB, the gateway's 272 KiB or
+# more): left to adapt, it grows and trims the heap (or maps and unmaps a buffer) on every request, since
+# `retry-on` keeps each request's copy in a buffer of its own. That cost the gateway ~250 µs of CPU a request
+# (360 against 107 µs, docs/gateway.md, "What it costs") and the web tier's proxy two brk calls a request
+# (docs/operations.md, "The proxy's heap"). Production sets the same in each HAProxy unit's Environment=.
+HAPROXY_ENV = {"MALLOC_MMAP_THRESHOLD_": "8388608", "MALLOC_TRIM_THRESHOLD_": "67108864"}
 
 
 @dataclass(frozen=True)

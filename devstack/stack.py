@@ -188,6 +188,7 @@ class Stack:
             "proxy",
             [proxy.haproxy_binary(), "-db", "-f", str(config)],
             ready=lambda: port_open(self.web_port) and (not self.https_port or port_open(self.https_port)),
+            env=proxy.HAPROXY_ENV,
         )
 
     def start_web(self) -> None:

@@ -10,12 +10,14 @@ import json
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import redis
 import requests
 
 from agent import protocol
+from devstack import proxy
 from devstack.polling import wait_until
 from devstack.ports import free_port
 from devstack.stack import Stack, given_join_token
@@ -168,9 +170,7 @@ def test_a_heartbeats_wait_is_the_proxys_own_measure_whatever_the_client_writes(
     beat = protocol.encode(protocol.Heartbeat())
     answer = requests.post(f"{base}/api/v1/heartbeat", data=beat, headers=forged, timeout=10)
     assert answer.status_code == 200, answer.text
-    noted_at, _, waited = store.get(keys.BEHIND_AT).partition(b" ")
-    assert sent <= float(noted_at) <= time.time()
-    assert 0 < float(waited) < time.time() - sent, "the wait is from the proxy's stamp, not the client's"
+    assert 0 <= noted_wait(store) < time.time() - sent, "the wait is from the proxy's stamp, not the client's"
 
 
 def test_a_body_sent_slowly_is_not_counted_as_a_wait_in_the_proxy(stack):
@@ -190,8 +190,19 @@ def test_a_body_sent_slowly_is_not_counted_as_a_wait_in_the_proxy(stack):
         sock.sendall(body)
         answer = sock.recv(65536)
     assert status_of(answer) == 200, answer
-    _, _, waited = store.get(keys.BEHIND_AT).partition(b" ")
-    assert 0 < float(waited) < 1.0, "the 1.5 s the body took is the sender's, not the proxy's queue"
+    assert 0 <= noted_wait(store) < 1.0, "the 1.5 s the body took is the sender's, not the proxy's queue"
+
+
+def noted_wait(store: redis.Redis) -> float:
+    """The wait in the proxy the web worker noted for the last heartbeat (LLMGW_BEHIND_AFTER is 0 here).
+
+    Once the proxy's clock offset, learnt from its health checks, is taken off, what is left of a
+    heartbeat's wait on an idle stack is a hop's difference at most, and may be none: then nothing is
+    noted. A wait taken from the client's stamp, or from the request's first byte, would be noted and
+    large.
+    """
+    noted = store.get(keys.BEHIND_AT)
+    return float(noted.split()[1]) if noted else 0.0
 
 
 def test_the_proxys_health_checks_teach_the_web_worker_its_clock(stack):
@@ -202,3 +213,10 @@ def test_the_proxys_health_checks_teach_the_web_worker_its_clock(stack):
     wait_until(lambda: store.hget(keys.SELF_METRICS, field) is not None, 30, "a health check with the proxy's stamp")
     # One host, one clock: what is left is the hop and the check's own wait.
     assert 0 <= float(store.hget(keys.SELF_METRICS, field)) < 0.25
+
+
+def test_the_proxy_runs_with_its_heaps_thresholds_fixed(stack):
+    """Left to adapt, glibc grows and trims the heap for the proxy's large buffers on every request."""
+    environ = Path(f"/proc/{stack.parts['proxy'].pid}/environ").read_bytes().split(b"\0")
+    for name, value in proxy.HAPROXY_ENV.items():
+        assert f"{name}={value}".encode() in environ
