@@ -70,7 +70,8 @@ def heap_calls(summary: str) -> dict[str, int]:
 
 
 def measure(config: Path, port: int, env: dict[str, str], wrk: list[str], strace_out: Path | None) -> tuple[int, float]:
-    """Requests `wrk` had answered through a fresh proxy, and the proxy's CPU seconds meanwhile."""
+    """Requests `wrk` had answered through a fresh proxy, and the proxy's CPU seconds meanwhile (strace's when
+    traced, which the caller leaves unused)."""
     command = [proxy.haproxy_binary(), "-db", "-f", str(config)]
     if strace_out is not None:
         command = ["strace", "-c", "-f", "-o", str(strace_out), *command]
