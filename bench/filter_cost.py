@@ -9,12 +9,17 @@ counted between a warm-up and the end (`callgrind_control` zeroes, then dumps). 
 sides are the cost of what one adds; instructions are not time (callgrind counts a `rep movsb` copy
 as one per byte, and knows no cache misses), but they are exact and the same from run to run.
 
+With `--straight`, a side "straight" is "on" with its streams sent straight to their backend instead of
+through the stream relay (deploy/gateway_relay.lua), which then neither asks them for a running usage nor
+counts them itself (the filter does): what the relay costs a stream, in instructions.
+
 With `--l4-retries-only`, every side retries on connection failures alone (`retry-on
 conn-failure`), without the L7 retries the gateway ships (`empty-response 503`): for those HAProxy
 2.6 copies a whole buffer (`tune.bufsize`, 272 KiB by default) into a reserve on each request,
 whatever its size, and this shows what that copy is of each side's count.
 
-    python -m bench.filter_cost [--requests 500] [--streams 40] [--chunks 50] [--lua-before FILE] [--l4-retries-only]
+    python -m bench.filter_cost [--requests 500] [--streams 40] [--chunks 50] [--lua-before FILE] [--straight]
+                                [--l4-retries-only]
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from devstack.polling import wait_until
 from devstack.ports import free_port, port_open
 from gateway.haproxy_config import Paths
 
+# `--straight`'s side: the shipped config, streams not relayed.
+STRAIGHT = "straight"
 # The gateway's retries (deploy/gateway.cfg); `--l4-retries-only` keeps the first of them alone.
 L7_RETRIES = "retry-on conn-failure empty-response 503"
 
@@ -70,11 +77,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, default=40, help="streams per side")
     parser.add_argument("--chunks", type=int, default=50, help="chunks of each stream")
     parser.add_argument("--lua-before", type=Path, help="another usage filter to count as side 'before'")
+    parser.add_argument("--straight", action="store_true", help="a side 'straight': 'on' without the stream relay")
     parser.add_argument("--l4-retries-only", action="store_true", help="every side without L7 retries")
     args = parser.parse_args(argv)
     if not shutil.which("valgrind") or not shutil.which("callgrind_control"):
         sys.exit("valgrind is missing: apt-get install valgrind")
-    sides = (*tenants.SIDES, "before") if args.lua_before else tenants.SIDES
+    sides = (*tenants.SIDES, *(("before",) if args.lua_before else ()), *((STRAIGHT,) if args.straight else ()))
     per_request: dict[str, float] = {}
     per_stream: dict[str, float] = {}
     processes: list[subprocess.Popen] = []
@@ -96,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
             engines = {"fixed": fixed_port, "stream": stream_port}
             for side in sides:
                 here = directory / side
-                port = tenants.configure(here, engines, side, args.lua_before)
+                if side == STRAIGHT:
+                    port = tenants.configure(here, engines, "on", relay=False)
+                else:
+                    port = tenants.configure(here, engines, side, args.lua_before)
                 if args.l4_retries_only:
                     config = Paths(here).config
                     shipped = config.read_text()

@@ -90,8 +90,13 @@ def fixed_engine(directory: Path) -> tuple[subprocess.Popen, int]:
 RUNNING_USAGE = enginekinds.get("demo").running_usage
 
 
-def configure(directory: Path, engines: dict[str, int], side: str, lua_before: Path | None = None) -> int:
-    """The shipped config for one side, written into `directory`; the port it will listen on."""
+def configure(
+    directory: Path, engines: dict[str, int], side: str, lua_before: Path | None = None, relay: bool = True
+) -> int:
+    """The shipped config for one side, written into `directory`; the port it will listen on.
+
+    `relay` False: streams go straight to their backend, not through the stream relay (what it costs).
+    """
     port = free_port()
     paths = Paths(directory)
     backends = {
@@ -104,7 +109,7 @@ def configure(directory: Path, engines: dict[str, int], side: str, lua_before: P
         requests_per_second={"bench": "1000000"},
         concurrent_requests={"bench": "1000"},
     )
-    haproxy_config.write_all(paths, Frontend(f"127.0.0.1:{port}"), desired)
+    haproxy_config.write_all(paths, Frontend(f"127.0.0.1:{port}", relay=relay), desired)
     text = paths.config.read_text()
     if side == "before" and lua_before is not None:
         text = text.replace(str(haproxy_config.USAGE_LUA), str(lua_before.resolve()))
