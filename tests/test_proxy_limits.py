@@ -194,12 +194,13 @@ def test_a_body_sent_slowly_is_not_counted_as_a_wait_in_the_proxy(stack):
         sock.sendall(head)
         time.sleep(1.5)  # the slow sender itself, not a wait for something
         with worker_held(stack):
-            body_sent = time.monotonic()
+            body_sent_at, body_sent = time.time(), time.monotonic()
             sock.sendall(body)
             answer = sock.recv(65536)
         answered_after = time.monotonic() - body_sent
     assert status_of(answer) == 200, answer
-    _, _, waited = store.get(keys.BEHIND_AT).partition(b" ")
+    noted_at, _, waited = store.get(keys.BEHIND_AT).partition(b" ")
+    assert body_sent_at <= float(noted_at) <= time.time(), "noted for this heartbeat, not another"
     # The queue behind the held worker, not the 1.5 s the body took before it: that is the sender's.
     assert 0 < float(waited) < answered_after
 
